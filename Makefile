@@ -1,0 +1,46 @@
+# eopipe developer entry points. Heavy downloads/builds are cached in $(EOPIPE_CACHE), keyed by version.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export EOPIPE_CACHE ?= $(HOME)/.cache/eopipe
+
+.PHONY: help deps venv kafka k8s test test-fast demo bench kind-e2e clean
+
+help: ## list the targets
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	@echo "==> Python virtualenv $(VENV) (pip's cache makes later runs quick)"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,spark]'
+	@touch $@
+
+venv: $(VENV)/.installed ## the project virtualenv
+
+kafka: ## Kafka broker jars (Maven, cached)
+	@bash hack/fetch-kafka.sh >/dev/null
+
+k8s: ## Kubernetes control-plane binaries and etcd (built from Go modules, cached)
+	@bash hack/build-k8s.sh
+
+deps: venv kafka k8s ## everything the tests and the demo need
+
+test: deps ## the whole test suite: unit, real Kafka, real control plane, fault tests
+	$(PY) -m pytest
+
+test-fast: deps ## everything but the long fault tests
+	$(PY) -m pytest -m "not slow"
+
+demo: deps ## the main job: a pipeline end to end with duplicates and faults, then verify
+	$(PY) hack/demo.py
+
+bench: deps ## benchmarks side by side, one table
+	$(PY) -m bench
+
+kind-e2e: ## the e2e suite on a kind cluster (needs Docker; see docs/kind.md)
+	bash hack/kind-e2e.sh
+
+clean: ## remove the virtualenv and test leftovers (the download cache stays)
+	rm -rf $(VENV) .pytest_cache .work

@@ -1,0 +1,100 @@
+"""`eopipe load` and `eopipe verify` against the real broker: verify catches loss and duplicates."""
+
+import json
+import subprocess
+import sys
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from eopipe import partitioner
+from eopipe.keys import KeySpec
+from eopipe.loadgen import run_load
+from eopipe.verify import TopicReader, verify
+
+pytestmark = pytest.mark.kafka
+
+
+def _topics(bootstrap, *partitions):
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [f"lv-{uuid.uuid4().hex[:8]}" for _ in partitions]
+    futs = admin.create_topics([NewTopic(n, p, 1) for n, p in zip(names, partitions)])
+    for f in futs.values():
+        f.result(30)
+    return names
+
+
+def _copy(bootstrap, records, topic, *, abort_extra=()):
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"copy-{uuid.uuid4().hex}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for k, v in records:
+        p.produce(topic, key=k, value=v)
+    p.commit_transaction(30)
+    if abort_extra:
+        p.begin_transaction()
+        for k, v in abort_extra:
+            p.produce(topic, key=k, value=v)
+        p.flush(30)
+        p.abort_transaction(30)
+
+
+def test_load_places_records_and_makes_duplicates(kafka_bootstrap):
+    (src,) = _topics(kafka_bootstrap, 4)
+    stats = run_load(kafka_bootstrap, src, 2000, dup_ratio=0.3, wrong_partition_ratio=0.1,
+                     poison=7, seed=1)
+    assert stats["records"] == 2007 and stats["poison"] == 7
+    assert stats["unique"] + stats["duplicates"] == 2000
+    seen, misplaced, poison = {}, 0, 0
+    for m in TopicReader(kafka_bootstrap).read(src):
+        if m.key() is None:
+            poison += 1
+            continue
+        seen[m.key()] = seen.get(m.key(), 0) + 1
+        misplaced += partitioner.murmur2_partition(m.key(), 4) != m.partition()
+    assert poison == 7
+    assert len(seen) == stats["unique"]
+    assert sum(seen.values()) - len(seen) == stats["duplicates"]
+    assert misplaced == stats["wrong_partition"] > 0
+    assert json.loads(next(iter(TopicReader(kafka_bootstrap).read(src))).value() or b"{}") is not None
+
+
+def test_verify_counts_lost_duplicated_and_aborted(kafka_bootstrap):
+    src, ok_out, bad_out = _topics(kafka_bootstrap, 3, 2, 2)
+    run_load(kafka_bootstrap, src, 500, dup_ratio=0.25, poison=3, seed=2)
+    unique = {}
+    for m in TopicReader(kafka_bootstrap).read(src):
+        if m.key():
+            unique.setdefault(m.key(), m.value())
+    records = list(unique.items())
+
+    _copy(kafka_bootstrap, records, ok_out, abort_extra=records[:10])
+    rep = verify(kafka_bootstrap, src, ok_out, key_spec=KeySpec(), settle=1)
+    assert rep.ok, rep.line()
+    assert (rep.unique_in, rep.out, rep.lost, rep.duplicated) == (len(records), len(records), 0, 0)
+    assert rep.malformed_in == 3 and rep.aborted_reads == 10
+
+    # Drop two keys, duplicate three: verify must see exactly that.
+    _copy(kafka_bootstrap, records[2:] + records[10:13], bad_out)
+    rep = verify(kafka_bootstrap, src, bad_out, key_spec=KeySpec.parse("json:id"), settle=1)
+    assert not rep.ok
+    assert (rep.lost, rep.duplicated) == (2, 3)
+    assert sorted(rep.examples["lost"]) == sorted(k.decode() for k, _ in records[:2])
+
+
+def test_cli_exit_status_follows_the_verdict(kafka_bootstrap):
+    src, out = _topics(kafka_bootstrap, 2, 2)
+    eopipe = [sys.executable, "-m", "eopipe.cli"]
+    load = subprocess.run(eopipe + ["load", "--bootstrap", kafka_bootstrap, "--topic", src,
+                                    "--count", "300", "--seed", "3", "--json", "--quiet"],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(load.stdout)["records"] == 300
+    # Nothing was copied to the output: everything is lost, exit status 1.
+    res = subprocess.run(eopipe + ["verify", "--bootstrap", kafka_bootstrap, "--source", src,
+                                   "--output", out, "--settle", "1", "--json"],
+                         capture_output=True, text=True)
+    assert res.returncode == 1, res.stderr
+    rep = json.loads(res.stdout)
+    assert rep["lost"] == rep["unique_in"] > 0 and rep["ok"] is False
