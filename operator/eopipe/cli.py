@@ -46,6 +46,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if rep.ok else 1
 
 
+def cmd_crd(args: argparse.Namespace) -> int:
+    from eopipe.crd import render
+
+    print(render(), end="")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="eopipe", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -82,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--timeout", type=float, default=300.0)
     ver.add_argument("--json", action="store_true", help="print the report as JSON")
     ver.set_defaults(func=cmd_verify)
+
+    crd = sub.add_parser("crd", help="print the ExactlyOncePipeline CRD (YAML)")
+    crd.set_defaults(func=cmd_crd)
 
     try:
         from eopipe.dedup.cli import add_parser as add_dedup
