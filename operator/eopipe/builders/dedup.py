@@ -1,0 +1,145 @@
+"""Kubernetes objects of the dedup stage (spec in, manifests out).
+
+StatefulSet (one RocksDB volume per pod), headless Service (stable pod DNS, metrics scraping),
+PodDisruptionBudget, and the ConfigMap that carries the partition assignment and its
+generation. Owner references are added by the handler, not here.
+"""
+
+from __future__ import annotations
+
+import json
+
+from eopipe.assignment import Assignment
+from eopipe.builders.names import Names
+from eopipe.spec import parse_duration
+
+HTTP_PORT = 8080
+STATE_DIR = "/var/lib/eopipe"
+ASSIGNMENT_DIR = "/etc/eopipe/assignment"
+ASSIGNMENT_KEY = "assignment.json"
+
+
+def worker_args(names: Names) -> list[str]:
+    spec = names.spec
+    return [
+        "dedup",
+        "--bootstrap", spec.kafka.bootstrap_servers,
+        "--source-topic", names.source_topic,
+        "--output-topic", names.deduped_topic,
+        "--dlq-topic", names.dlq_topic,
+        "--pipeline", names.pipeline,
+        "--namespace", names.namespace,
+        "--assignment-file", f"{ASSIGNMENT_DIR}/{ASSIGNMENT_KEY}",
+        "--key", spec.dedup.key.spec_string(),
+        "--window", f"{int(parse_duration(spec.dedup.window).total_seconds())}s",
+        "--partitioner", spec.source.partitioner,
+        "--state-dir", STATE_DIR,
+        "--http-port", str(HTTP_PORT),
+    ]
+
+
+def _env() -> list[dict]:
+    def field(name: str, path: str) -> dict:
+        return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+    return [field("POD_NAME", "metadata.name"), field("POD_NAMESPACE", "metadata.namespace"),
+            field("POD_IP", "status.podIP")]
+
+
+def _kafka_secret_env(names: Names) -> list[dict]:
+    sasl = names.spec.kafka.sasl
+    if sasl is None:
+        return []
+    ref = lambda r: {"secretKeyRef": {"name": r.name, "key": r.key}}  # noqa: E731
+    return [{"name": "EOPIPE_KAFKA_SASL_USERNAME", "valueFrom": ref(sasl.username)},
+            {"name": "EOPIPE_KAFKA_SASL_PASSWORD", "valueFrom": ref(sasl.password)},
+            {"name": "EOPIPE_KAFKA_SASL_MECHANISM", "value": sasl.mechanism},
+            {"name": "EOPIPE_KAFKA_SECURITY_PROTOCOL", "value": names.spec.kafka.security_protocol}]
+
+
+def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
+    spec = names.spec
+    labels = names.labels("dedup")
+    storage = {"accessModes": ["ReadWriteOnce"],
+               "resources": {"requests": {"storage": spec.dedup.storage.size}}}
+    if spec.dedup.storage.storage_class_name:
+        storage["storageClassName"] = spec.dedup.storage.storage_class_name
+    container = {
+        "name": "dedup",
+        "image": spec.dedup.image or image,
+        "command": ["eopipe"],
+        "args": worker_args(names),
+        "env": _env() + _kafka_secret_env(names),
+        "ports": [{"name": "http", "containerPort": HTTP_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"},
+                           "periodSeconds": 2, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
+                          "periodSeconds": 10, "failureThreshold": 6},
+        "volumeMounts": [{"name": "state", "mountPath": STATE_DIR},
+                         {"name": "assignment", "mountPath": ASSIGNMENT_DIR, "readOnly": True}],
+        "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                            "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+    }
+    resources = spec.dedup.resources.model_dump(exclude_defaults=True)
+    if resources:
+        container["resources"] = resources
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": names.dedup, "namespace": names.namespace, "labels": labels},
+        "spec": {
+            "serviceName": names.dedup,
+            "replicas": spec.dedup.replicas if replicas is None else replicas,
+            # Pods start and stop independently: partition ownership comes from the
+            # assignment, not from pod ordinals, so ordered startup buys nothing.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": names.selector("dedup")},
+            "template": {
+                "metadata": {"labels": labels,
+                             "annotations": {"prometheus.io/scrape": "true",
+                                             "prometheus.io/port": str(HTTP_PORT)}},
+                "spec": {
+                    "containers": [container],
+                    # Long enough for a clean stop: commit the open transaction, flush.
+                    "terminationGracePeriodSeconds": 30,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+                    "volumes": [{"name": "assignment",
+                                 "configMap": {"name": names.assignment_configmap}}],
+                },
+            },
+            "volumeClaimTemplates": [{"metadata": {"name": "state", "labels": labels},
+                                      "spec": storage}],
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
+        },
+    }
+
+
+def headless_service(names: Names) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": names.dedup, "namespace": names.namespace, "labels": names.labels("dedup")},
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": names.selector("dedup"),
+                 "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http"}]},
+    }
+
+
+def pod_disruption_budget(names: Names) -> dict:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": names.dedup, "namespace": names.namespace, "labels": names.labels("dedup")},
+        # One pod at a time: each voluntary eviction is a partition handoff.
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector("dedup")}},
+    }
+
+
+def assignment_configmap(names: Names, assignment: Assignment) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": names.assignment_configmap, "namespace": names.namespace,
+                     "labels": names.labels("dedup"),
+                     "annotations": {"eopipe.dev/assignment-generation": str(assignment.generation)}},
+        "data": {ASSIGNMENT_KEY: json.dumps(assignment.to_json(), sort_keys=True)},
+    }

@@ -1,0 +1,60 @@
+"""The SparkApplication of the processing stage (Kubeflow Spark Operator, v1beta2)."""
+
+from __future__ import annotations
+
+import json
+
+from eopipe.builders.names import Names
+
+SPARK_APP_MAIN = "local:///opt/eopipe/spark_app/main.py"
+
+
+def spark_config(names: Names) -> dict:
+    """What spark_app needs, passed as one JSON argument so it is validated in one place."""
+    spec = names.spec
+    proc, sink = spec.processing, spec.sink
+    conf = {
+        "pipeline": names.pipeline,
+        "namespace": names.namespace,
+        "bootstrap": spec.kafka.bootstrap_servers,
+        "source_topic": names.deduped_topic,
+        "sql": proc.sql,
+        "trigger": proc.trigger,
+        "checkpoint_location": proc.checkpoint_location,
+    }
+    if sink.kafka is not None:
+        conf["sink"] = {"kind": "kafka", "topic": sink.kafka.topic,
+                        "commit_topic": names.spark_commit_topic}
+    else:
+        conf["sink"] = {"kind": "files", "path": sink.files.path, "format": sink.files.format}
+    return conf
+
+
+def spark_application(names: Names, image: str) -> dict:
+    proc = names.spec.processing
+    labels = names.labels("processing")
+    return {
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "kind": "SparkApplication",
+        "metadata": {"name": names.spark_app, "namespace": names.namespace, "labels": labels},
+        "spec": {
+            "type": "Python",
+            "mode": "cluster",
+            "pythonVersion": "3",
+            "image": proc.image or image,
+            "mainApplicationFile": SPARK_APP_MAIN,
+            "arguments": ["--config-json", json.dumps(spark_config(names), sort_keys=True)],
+            "sparkVersion": "4.0.0",
+            "restartPolicy": {"type": "OnFailure", "onFailureRetries": 1000,
+                              "onFailureRetryInterval": 10, "onSubmissionFailureRetries": 10,
+                              "onSubmissionFailureRetryInterval": 20},
+            "sparkConf": {
+                "spark.sql.streaming.stateStore.providerClass":
+                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            },
+            "driver": {"cores": 1, "memory": proc.driver_memory, "labels": labels,
+                       "serviceAccount": f"{names.pipeline}-spark"},
+            "executor": {"instances": proc.executors.instances, "cores": proc.executors.cores,
+                         "memory": proc.executors.memory, "labels": labels},
+        },
+    }
