@@ -19,22 +19,25 @@ ASSIGNMENT_DIR = "/etc/eopipe/assignment"
 ASSIGNMENT_KEY = "assignment.json"
 
 
-def worker_args(names: Names) -> list[str]:
+def worker_args(names: Names, *, bootstrap: str | None = None,
+                assignment_file: str = f"{ASSIGNMENT_DIR}/{ASSIGNMENT_KEY}",
+                state_dir: str = STATE_DIR, http_port: int = HTTP_PORT) -> list[str]:
+    """The worker's command line; the keywords let local runs (demo, tests) place files."""
     spec = names.spec
     return [
         "dedup",
-        "--bootstrap", spec.kafka.bootstrap_servers,
+        "--bootstrap", bootstrap or spec.kafka.bootstrap_servers,
         "--source-topic", names.source_topic,
         "--output-topic", names.deduped_topic,
         "--dlq-topic", names.dlq_topic,
         "--pipeline", names.pipeline,
         "--namespace", names.namespace,
-        "--assignment-file", f"{ASSIGNMENT_DIR}/{ASSIGNMENT_KEY}",
+        "--assignment-file", assignment_file,
         "--key", spec.dedup.key.spec_string(),
         "--window", f"{int(parse_duration(spec.dedup.window).total_seconds())}s",
         "--partitioner", spec.source.partitioner,
-        "--state-dir", STATE_DIR,
-        "--http-port", str(HTTP_PORT),
+        "--state-dir", state_dir,
+        "--http-port", str(http_port),
     ]
 
 
