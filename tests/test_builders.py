@@ -61,3 +61,29 @@ def test_spark_application():
     assert conf["source_topic"] == "payments.deduped"
     assert conf["sink"] == {"kind": "kafka", "topic": "payments-enriched",
                             "commit_topic": "eopipe.team-a.payments.spark-commits"}
+
+
+def test_kafka_credentials_reach_pods_as_secret_refs_and_the_operator_as_values():
+    from eopipe import kafkaconf
+    from eopipe.spec import KafkaSpec
+
+    kafka = KafkaSpec.model_validate({
+        "bootstrapServers": "k:9093", "securityProtocol": "SASL_SSL",
+        "sasl": {"mechanism": "SCRAM-SHA-512", "username": {"name": "kc", "key": "user"},
+                 "password": {"name": "kc", "key": "pass"}},
+        "tls": {"ca": {"name": "kca", "key": "ca.crt"}}})
+    secrets = {("kc", "user"): "alice", ("kc", "pass"): "s3cret", ("kca", "ca.crt"): "PEM"}
+    conf = kafkaconf.client_config(kafka, lambda ref: secrets[(ref.name, ref.key)])
+    assert conf == {"bootstrap.servers": "k:9093", "security.protocol": "SASL_SSL",
+                    "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice",
+                    "sasl.password": "s3cret", "ssl.ca.pem": "PEM"}
+
+    n = _names()
+    n = Names(n.namespace, n.pipeline, n.spec.model_copy(update={"kafka": kafka}))
+    env = {e["name"]: e for e in dedup.statefulset(n, "img")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["EOPIPE_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "kc", "key": "pass"}
+    # What the worker reads back from its environment is the operator's config less bootstrap.
+    pod_env = {k: secrets[(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])]
+               if "valueFrom" in e and "secretKeyRef" in e["valueFrom"] else e.get("value")
+               for k, e in env.items() if k.startswith("EOPIPE_KAFKA_")}
+    assert kafkaconf.from_env(pod_env) == {k: v for k, v in conf.items() if k != "bootstrap.servers"}

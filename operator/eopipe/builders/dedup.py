@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 
+from eopipe import kafkaconf
 from eopipe.assignment import Assignment
 from eopipe.builders.names import Names
-from eopipe.spec import parse_duration
+from eopipe.spec import SecretKeyRef, parse_duration
 
 HTTP_PORT = 8080
 STATE_DIR = "/var/lib/eopipe"
@@ -48,15 +49,15 @@ def _env() -> list[dict]:
             field("POD_IP", "status.podIP")]
 
 
-def _kafka_secret_env(names: Names) -> list[dict]:
-    sasl = names.spec.kafka.sasl
-    if sasl is None:
-        return []
-    ref = lambda r: {"secretKeyRef": {"name": r.name, "key": r.key}}  # noqa: E731
-    return [{"name": "EOPIPE_KAFKA_SASL_USERNAME", "valueFrom": ref(sasl.username)},
-            {"name": "EOPIPE_KAFKA_SASL_PASSWORD", "valueFrom": ref(sasl.password)},
-            {"name": "EOPIPE_KAFKA_SASL_MECHANISM", "value": sasl.mechanism},
-            {"name": "EOPIPE_KAFKA_SECURITY_PROTOCOL", "value": names.spec.kafka.security_protocol}]
+def _kafka_env(names: Names) -> list[dict]:
+    env = []
+    for setting, value in kafkaconf.settings(names.spec.kafka):
+        if isinstance(value, SecretKeyRef):
+            env.append({"name": kafkaconf.env_name(setting),
+                        "valueFrom": {"secretKeyRef": {"name": value.name, "key": value.key}}})
+        else:
+            env.append({"name": kafkaconf.env_name(setting), "value": value})
+    return env
 
 
 def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
@@ -71,7 +72,7 @@ def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
         "image": spec.dedup.image or image,
         "command": ["eopipe"],
         "args": worker_args(names),
-        "env": _env() + _kafka_secret_env(names),
+        "env": _env() + _kafka_env(names),
         "ports": [{"name": "http", "containerPort": HTTP_PORT}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"},
                            "periodSeconds": 2, "failureThreshold": 3},
