@@ -53,6 +53,20 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_operator(args: argparse.Namespace) -> int:
+    import kopf
+    from prometheus_client import start_http_server
+
+    import eopipe.handlers  # noqa: F401  (registers the handlers)
+
+    if args.metrics_port:
+        start_http_server(args.metrics_port, addr=args.bind)
+    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON if args.log_json else kopf.LogFormat.FULL)
+    kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace or (),
+             liveness_endpoint=f"http://{args.bind}:{args.health_port}/healthz" if args.health_port else None)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="eopipe", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -89,6 +103,17 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--timeout", type=float, default=300.0)
     ver.add_argument("--json", action="store_true", help="print the report as JSON")
     ver.set_defaults(func=cmd_verify)
+
+    op = sub.add_parser("operator", help="run the operator (reconciles ExactlyOncePipelines)",
+                        description="Run the Kopf operator. Credentials: in-cluster, else KUBECONFIG.")
+    op.add_argument("--namespace", action="append",
+                    help="watch this namespace (repeatable); default: all namespaces")
+    op.add_argument("--bind", default="0.0.0.0", help="address of the health and metrics servers")
+    op.add_argument("--health-port", type=int, default=8081, help="liveness probe at /healthz (0: off)")
+    op.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics (0: off)")
+    op.add_argument("--log-json", action="store_true", help="JSON log lines")
+    op.add_argument("--verbose", action="store_true")
+    op.set_defaults(func=cmd_operator)
 
     crd = sub.add_parser("crd", help="print the ExactlyOncePipeline CRD (YAML)")
     crd.set_defaults(func=cmd_crd)

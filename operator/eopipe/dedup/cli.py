@@ -1,0 +1,79 @@
+"""`eopipe dedup`: the dedup worker a StatefulSet pod runs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from eopipe.keys import KeySpec
+from eopipe.dedup.config import WorkerConfig, default_http_host, parse_duration, parse_partitions
+
+
+def _kv(text: str) -> tuple[str, str]:
+    k, sep, v = text.partition("=")
+    if not sep or not k:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return k, v
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    env = os.environ.get
+    ap = subparsers.add_parser(
+        "dedup", help="run the exactly-once dedup worker (the process of a dedup pod)",
+        description="Deduplicate the owned source partitions into the output topic with Kafka "
+                    "transactions and RocksDB state (DESIGN.md section 3). SIGTERM commits the "
+                    "open transactions and exits 0.")
+    ap.add_argument("--bootstrap", default=env("EOPIPE_BOOTSTRAP"), required=not env("EOPIPE_BOOTSTRAP"),
+                    help="Kafka bootstrap servers (env EOPIPE_BOOTSTRAP)")
+    ap.add_argument("--source-topic", required=True)
+    ap.add_argument("--output-topic", required=True, help="the deduped topic")
+    ap.add_argument("--dlq-topic", help="dead-letter topic for malformed records (default <source>.dlq)")
+    ap.add_argument("--pipeline", required=True, help="pipeline name (part of transactional.id and group)")
+    ap.add_argument("--namespace", default=env("POD_NAMESPACE", "default"),
+                    help="namespace (env POD_NAMESPACE; default 'default')")
+    own = ap.add_mutually_exclusive_group(required=True)
+    own.add_argument("--partitions", type=parse_partitions, help="owned partitions, e.g. 0,1,2 or 0-5")
+    own.add_argument("--assignment-file", type=Path,
+                     help='JSON {"generation": g, "assignments": {"<pod>": [partitions]}}, re-read on change')
+    ap.add_argument("--pod-name", default=env("POD_NAME"), help="this pod's name in the assignment (env POD_NAME)")
+    ap.add_argument("--key", type=KeySpec.parse, default=KeySpec(),
+                    help="dedup key: 'key', 'header:NAME' or 'json:FIELD' (default: key)")
+    ap.add_argument("--window", type=parse_duration, default=parse_duration("24h"),
+                    help="dedup window by event time, e.g. 15m, 24h, 7d (default 24h)")
+    ap.add_argument("--segments", type=int, default=4,
+                    help="time segments per window; expiry drops one whole segment (default 4)")
+    ap.add_argument("--partitioner", choices=["murmur2", "crc32"], default="murmur2",
+                    help="the producers' partitioner, defines a key's home partition")
+    ap.add_argument("--state-dir", type=Path, default=Path(env("EOPIPE_STATE_DIR", "/var/lib/eopipe")),
+                    help="RocksDB directory, on the pod's PersistentVolume (env EOPIPE_STATE_DIR)")
+    ap.add_argument("--http-host", default=default_http_host(), help="default: env POD_IP, else 127.0.0.1")
+    ap.add_argument("--http-port", type=int, default=8080, help="0 picks a free port (logged)")
+    ap.add_argument("--commit-interval-ms", type=int, default=100)
+    ap.add_argument("--max-batch", type=int, default=20_000, help="records per transaction at most")
+    ap.add_argument("--memory-mb", type=int, default=256,
+                    help="RocksDB memory (block cache + memtables) for the whole process")
+    ap.add_argument("--kafka-config", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+                    help="extra librdkafka setting for all clients (security etc.), repeatable")
+    ap.add_argument("--log-level", default=env("EOPIPE_LOG_LEVEL", "INFO"))
+    ap.set_defaults(func=cmd_dedup)
+    return ap
+
+
+def config_from_args(args: argparse.Namespace) -> WorkerConfig:
+    return WorkerConfig(
+        bootstrap=args.bootstrap, source_topic=args.source_topic, output_topic=args.output_topic,
+        dlq_topic=args.dlq_topic, pipeline=args.pipeline, namespace=args.namespace,
+        partitions=args.partitions, assignment_file=args.assignment_file, pod_name=args.pod_name,
+        key_spec=args.key, window_seconds=args.window, segments=args.segments,
+        partitioner=args.partitioner, state_dir=args.state_dir, http_host=args.http_host,
+        http_port=args.http_port, commit_interval_ms=args.commit_interval_ms,
+        max_batch=args.max_batch, memory_mb=args.memory_mb, kafka_config=dict(args.kafka_config))
+
+
+def cmd_dedup(args: argparse.Namespace) -> int:
+    from eopipe.dedup import logs
+    from eopipe.dedup.worker import run
+
+    logs.setup(args.log_level)
+    return run(config_from_args(args))

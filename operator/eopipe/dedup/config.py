@@ -1,0 +1,125 @@
+"""Typed configuration of the dedup worker, and the partition assignment it follows."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eopipe.keys import KeySpec
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from `90`, `90s`, `500ms`, `15m`, `24h`, `7d`."""
+    if isinstance(text, (int, float)):
+        return float(text)
+    m = _DURATION.match(text)
+    if not m:
+        raise ValueError(f"bad duration {text!r}: expected e.g. 500ms, 90s, 15m, 24h, 7d")
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
+
+def parse_partitions(text: str) -> list[int]:
+    """`0,1,2` or ranges `0-3,7`."""
+    out: set[int] = set()
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, sep, hi = part.partition("-")
+        if sep:
+            out.update(range(int(lo), int(hi) + 1))
+        else:
+            out.add(int(part))
+    if any(p < 0 for p in out):
+        raise ValueError(f"negative partition in {text!r}")
+    return sorted(out)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    generation: int
+    partitions: tuple[int, ...]
+
+
+def read_assignment(path: Path, pod: str) -> Assignment:
+    """The operator's assignment file: {"generation": g, "assignments": {"<pod>": [p, ...]}}.
+
+    A pod missing from the map owns nothing (it may be a pod about to be scaled away)."""
+    doc = json.loads(Path(path).read_text())
+    gen = int(doc.get("generation", 0))
+    parts = doc.get("assignments", {}).get(pod, [])
+    return Assignment(gen, tuple(sorted({int(p) for p in parts})))
+
+
+@dataclass
+class WorkerConfig:
+    bootstrap: str
+    source_topic: str
+    output_topic: str
+    pipeline: str
+    namespace: str = "default"
+    dlq_topic: str | None = None
+    # Ownership: a fixed list, or an assignment file re-read on change.
+    partitions: list[int] | None = None
+    assignment_file: Path | None = None
+    pod_name: str | None = None
+    key_spec: KeySpec = field(default_factory=KeySpec)
+    window_seconds: float = 24 * 3600.0
+    segments: int = 4                       # the window is kept in this many time segments (+1 open)
+    partitioner: str = "murmur2"
+    state_dir: Path = Path("/var/lib/eopipe")
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080
+    commit_interval_ms: int = 100
+    max_batch: int = 20_000                 # records per transaction at most
+    consume_batch: int = 5_000              # records per consume() call at most
+    memory_mb: int = 256                    # RocksDB block cache + memtables, whole process
+    metadata_refresh_seconds: float = 10.0  # how often the source partition count is re-read
+    kafka_config: dict[str, str] = field(default_factory=dict)  # extra client settings (security)
+
+    def __post_init__(self) -> None:
+        if (self.partitions is None) == (self.assignment_file is None):
+            raise ValueError("give exactly one of --partitions or --assignment-file")
+        if self.assignment_file is not None and not self.pod_name:
+            raise ValueError("--assignment-file needs --pod-name (or env POD_NAME)")
+        if self.window_seconds <= 0:
+            raise ValueError("the dedup window must be positive")
+        if self.segments < 1:
+            raise ValueError("segments must be >= 1")
+        if self.commit_interval_ms < 1 or self.max_batch < 1 or self.consume_batch < 1:
+            raise ValueError("commit interval and batch sizes must be positive")
+        if self.memory_mb < 8:
+            raise ValueError("memory budget must be at least 8 MiB")
+        self.state_dir = Path(self.state_dir)
+        if not self.dlq_topic:
+            # Malformed records are never dropped: without an explicit DLQ they go here.
+            self.dlq_topic = f"{self.source_topic}.dlq"
+        if self.assignment_file is not None:
+            self.assignment_file = Path(self.assignment_file)
+
+    @property
+    def group_id(self) -> str:
+        return f"{self.namespace}.{self.pipeline}.dedup"
+
+    def transactional_id(self, partition: int) -> str:
+        return f"{self.namespace}.{self.pipeline}.dedup.{partition}"
+
+    @property
+    def window_ms(self) -> int:
+        return int(self.window_seconds * 1000)
+
+    @property
+    def segment_ms(self) -> int:
+        return max(1, self.window_ms // self.segments)
+
+    def current_assignment(self) -> Assignment:
+        if self.partitions is not None:
+            return Assignment(0, tuple(self.partitions))
+        return read_assignment(self.assignment_file, self.pod_name)
+
+
+def default_http_host() -> str:
+    return os.environ.get("POD_IP") or "127.0.0.1"

@@ -1,0 +1,282 @@
+"""RocksDB dedup state: one DB per source partition, one column family per time segment.
+
+Layout under the state directory:
+
+    <state_dir>/p-<partition>/        one RocksDB per partition: moved, dropped, rebuilt alone
+        default CF                    meta: applied_offset, watermark_ms, covered_since_ms
+        seg-<start_ms> CFs            the keys whose event time falls in [start, start+segment)
+
+- Expiry is by event time: a partition's watermark is the highest event time it has applied
+  (capped at wall clock + MAX_SKEW_MS, so one record from a clock far ahead cannot expire
+  everything); segments that ended before `watermark - window` are dropped whole with
+  DropColumnFamily. Nothing is deleted key by key. A key whose event time is already older
+  than the kept segments is kept in the oldest one, so it is still remembered for a while.
+- `apply()` writes the keys and the new applied_offset/watermark in ONE WriteBatch (atomic,
+  WAL on), so after any crash the keys present are exactly those below applied_offset.
+- All partitions of the process share one LRU block cache, and a WriteBufferManager that
+  charges memtables to that cache: the memory of the process is bounded by `memory_bytes`
+  whatever the number of partitions and segments. Index and filter blocks live in the
+  cache too; bloom filters (10 bits/key) make the common case (a new key) cheap.
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Iterable
+
+from rocksdict import (BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch,
+                       WriteBufferManager)
+
+MAX_SKEW_MS = 60_000
+_META_APPLIED = b"applied_offset"
+_META_WATERMARK = b"watermark_ms"
+_META_COVERED = b"covered_since_ms"
+_SEG_PREFIX = "seg-"
+_I64 = struct.Struct(">q")
+
+
+def _enc(v: int) -> bytes:
+    return _I64.pack(v)
+
+
+def _dec(b: bytes | None) -> int | None:
+    return None if b is None else _I64.unpack(b)[0]
+
+
+def _seg_name(start_ms: int) -> str:
+    return f"{_SEG_PREFIX}{start_ms:016d}"
+
+
+class StateStore:
+    """The process-wide store: shared memory budget, one PartitionStore per owned partition."""
+
+    def __init__(self, root: Path | str, *, window_ms: int, segment_ms: int,
+                 memory_bytes: int = 256 << 20, max_open_files: int = 256):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.window_ms = int(window_ms)
+        self.segment_ms = max(1, int(segment_ms))
+        self.memory_bytes = int(memory_bytes)
+        self.cache = Cache(self.memory_bytes)
+        # Memtables are charged to the block cache: cache capacity bounds both together.
+        self.write_buffer_bytes = self.memory_bytes // 2
+        self.write_buffer_manager = WriteBufferManager.new_write_buffer_manager_with_cache(
+            self.write_buffer_bytes, False, self.cache)
+        self.max_open_files = max_open_files
+        self._lock = threading.Lock()
+        self._open: dict[int, PartitionStore] = {}
+
+    def options(self) -> Options:
+        o = Options(raw_mode=True)
+        o.create_if_missing(True)
+        o.create_missing_column_families(True)
+        t = BlockBasedOptions()
+        t.set_block_cache(self.cache)
+        t.set_bloom_filter(10, False)
+        t.set_cache_index_and_filter_blocks(True)
+        t.set_pin_l0_filter_and_index_blocks_in_cache(True)
+        o.set_block_based_table_factory(t)
+        o.set_write_buffer_manager(self.write_buffer_manager)
+        # Per memtable; the manager flushes earlier when all of them together hit the budget.
+        o.set_write_buffer_size(max(1 << 20, min(16 << 20, self.write_buffer_bytes // 4)))
+        o.set_max_write_buffer_number(2)
+        o.set_max_open_files(self.max_open_files)
+        o.set_keep_log_file_num(2)
+        o.set_max_background_jobs(2)
+        o.optimize_for_point_lookup(max(8, self.memory_bytes >> 20 >> 2))
+        # optimize_for_point_lookup installs its own table factory: ours (shared cache) wins.
+        o.set_block_based_table_factory(t)
+        return o
+
+    def path(self, partition: int) -> Path:
+        return self.root / f"p-{partition}"
+
+    def exists(self, partition: int) -> bool:
+        return (self.path(partition) / "CURRENT").exists()
+
+    def open(self, partition: int) -> "PartitionStore":
+        with self._lock:
+            ps = self._open.get(partition)
+            if ps is None:
+                ps = self._open[partition] = PartitionStore(self, partition)
+            return ps
+
+    def close_partition(self, partition: int) -> None:
+        with self._lock:
+            ps = self._open.pop(partition, None)
+        if ps is not None:
+            ps.close()
+
+    def drop(self, partition: int) -> None:
+        """Deletes the partition's state (closing it first). Used for rebuilds and moves."""
+        self.close_partition(partition)
+        shutil.rmtree(self.path(partition), ignore_errors=True)
+
+    def partitions_on_disk(self) -> list[int]:
+        out = []
+        for d in self.root.glob("p-*"):
+            try:
+                out.append(int(d.name[2:]))
+            except ValueError:
+                pass
+        return sorted(out)
+
+    def memory(self) -> dict:
+        return {"budget_bytes": self.memory_bytes,
+                "cache_usage_bytes": self.cache.get_usage(),
+                "cache_pinned_bytes": self.cache.get_pinned_usage(),
+                "write_buffer_budget_bytes": self.write_buffer_manager.get_buffer_size(),
+                "write_buffer_usage_bytes": self.write_buffer_manager.get_usage()}
+
+    def close(self) -> None:
+        with self._lock:
+            stores, self._open = list(self._open.values()), {}
+        for ps in stores:
+            ps.close()
+
+
+class PartitionStore:
+    """The dedup state of one source partition. Used by one thread at a time."""
+
+    def __init__(self, parent: StateStore, partition: int):
+        self.parent = parent
+        self.partition = partition
+        self.path = parent.path(partition)
+        self.path.mkdir(parents=True, exist_ok=True)
+        names = Rdict.list_cf(str(self.path), parent.options()) if (self.path / "CURRENT").exists() else ["default"]
+        cfs = {n: parent.options() for n in names if n != "default"}
+        self._db = Rdict(str(self.path), parent.options(), column_families=cfs or None)
+        self._segments: dict[int, Rdict] = {}
+        self._handles: dict[int, object] = {}
+        for n in names:
+            if n.startswith(_SEG_PREFIX):
+                start = int(n[len(_SEG_PREFIX):])
+                self._segments[start] = self._db.get_column_family(n)
+                self._handles[start] = self._db.get_column_family_handle(n)
+        self.applied_offset: int | None = _dec(self._db.get(_META_APPLIED))
+        self.watermark_ms: int | None = _dec(self._db.get(_META_WATERMARK))
+        self.covered_since_ms: int | None = _dec(self._db.get(_META_COVERED))
+        self._closed = False
+
+    # -- reads ----------------------------------------------------------------------------
+    def contains(self, keys: list[bytes]) -> set[bytes]:
+        """The subset of `keys` present in any live segment (batched multi-gets)."""
+        found: set[bytes] = set()
+        remaining = keys
+        for start in sorted(self._segments, reverse=True):  # recent segments hit most
+            if not remaining:
+                break
+            vals = self._segments[start].get(remaining)
+            hit = [k for k, v in zip(remaining, vals) if v is not None]
+            if hit:
+                found.update(hit)
+                remaining = [k for k, v in zip(remaining, vals) if v is None]
+        return found
+
+    def segment_starts(self) -> list[int]:
+        return sorted(self._segments)
+
+    # -- writes ---------------------------------------------------------------------------
+    def _oldest_live_start(self, watermark: int) -> int:
+        cut = watermark - self.parent.window_ms
+        return (cut // self.parent.segment_ms) * self.parent.segment_ms
+
+    def apply(self, entries: dict[bytes, int] | Iterable[tuple[bytes, int]], applied_offset: int,
+              *, covered_since_ms: int | None = None, now_ms: int | None = None) -> None:
+        """Atomically adds keys (key -> event time ms) and sets applied_offset.
+
+        Then drops the segments that fell out of the window."""
+        items = entries.items() if isinstance(entries, dict) else entries
+        seg_ms = self.parent.segment_ms
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        by_seg: dict[int, list[bytes]] = {}
+        wm = self.watermark_ms
+        for key, ts in items:
+            if ts is None or ts <= 0:
+                ts = now_ms
+            by_seg.setdefault((ts // seg_ms) * seg_ms, []).append(key)
+            if wm is None or ts > wm:
+                wm = ts
+        if wm is not None:
+            wm = min(wm, now_ms + MAX_SKEW_MS)
+            if self.watermark_ms is not None:
+                wm = max(wm, self.watermark_ms)
+            oldest = self._oldest_live_start(wm)
+            if any(s < oldest for s in by_seg):
+                late = [k for s in [s for s in by_seg if s < oldest] for k in by_seg.pop(s)]
+                by_seg.setdefault(oldest, []).extend(late)
+        wb = WriteBatch(raw_mode=True)
+        for start, keys in by_seg.items():
+            h = self._handle(start)
+            for k in keys:
+                wb.put(k, b"", h)
+        wb.put(_META_APPLIED, _enc(applied_offset))
+        if wm is not None:
+            wb.put(_META_WATERMARK, _enc(wm))
+        if covered_since_ms is not None:
+            wb.put(_META_COVERED, _enc(covered_since_ms))
+        self._db.write(wb)
+        self.applied_offset = applied_offset
+        self.watermark_ms = wm
+        if covered_since_ms is not None:
+            self.covered_since_ms = covered_since_ms
+        if wm is not None:
+            self.expire()
+
+    def _handle(self, start: int):
+        h = self._handles.get(start)
+        if h is None:
+            name = _seg_name(start)
+            self._segments[start] = self._db.create_column_family(name, self.parent.options())
+            h = self._handles[start] = self._db.get_column_family_handle(name)
+        return h
+
+    def expire(self) -> list[int]:
+        """Drops whole segments that ended at or before watermark - window."""
+        if self.watermark_ms is None:
+            return []
+        cut = self.watermark_ms - self.parent.window_ms
+        dropped = [s for s in self._segments if s + self.parent.segment_ms <= cut]
+        for s in dropped:
+            self._segments.pop(s, None)
+            self._handles.pop(s, None)
+            self._db.drop_column_family(_seg_name(s))
+        return dropped
+
+    # -- reporting ------------------------------------------------------------------------
+    def effective_window_ms(self) -> int:
+        """How far back a duplicate is surely caught: the window, less any history the store
+        never saw (a rebuild from a source whose retention had already dropped records)."""
+        w = self.parent.window_ms
+        if self.covered_since_ms is None or self.watermark_ms is None:
+            return w
+        return max(0, min(w, self.watermark_ms - self.covered_since_ms))
+
+    def stats(self) -> dict:
+        keys = sst = mem = 0
+        for cf in self._segments.values():
+            keys += cf.property_int_value("rocksdb.estimate-num-keys") or 0
+            sst += cf.property_int_value("rocksdb.total-sst-files-size") or 0
+            mem += cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+        return {"keys": keys, "bytes": sst + mem, "sst_bytes": sst, "memtable_bytes": mem,
+                "segments": len(self._segments), "applied_offset": self.applied_offset,
+                "watermark_ms": self.watermark_ms,
+                "effective_window_seconds": self.effective_window_ms() / 1000}
+
+    def checkpoint(self, dest: Path | str) -> Path:
+        """A consistent on-disk copy (hard links where possible) for a handoff."""
+        Checkpoint(self._db).create_checkpoint(str(dest))
+        return Path(dest)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._segments.clear()
+        self._handles.clear()
+        self._db.close()
+        del self._db
