@@ -62,7 +62,11 @@ class Worker:
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:
             os.killpg(self.proc.pid, sig)
-            self.proc.wait(30)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
 
 
 def main() -> int:

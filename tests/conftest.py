@@ -1,3 +1,6 @@
 pytest_plugins = [
     "tests.localenv.fixtures_kafka",
+    "tests.localenv.fixtures_k8s",
+    "tests.localenv.fixtures_agent",
+    "tests.localenv.fixtures_operator",
 ]
