@@ -36,6 +36,8 @@ def parse_duration(text: str) -> timedelta:
 Duration = Annotated[str, Field(pattern=DURATION_PATTERN)]
 TopicName = Annotated[str, Field(pattern=TOPIC_PATTERN)]
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+# Spark's own memory strings (JVM style), as SparkApplication takes them: "512m", "2g".
+SparkMemory = Annotated[str, Field(pattern=r"^[0-9]+[kmgt]?$")]
 
 
 def section(model, **kw):
@@ -120,7 +122,7 @@ class DedupSpec(Model):
 class Executors(Model):
     instances: int = Field(1, ge=1, le=1000)
     cores: int = Field(1, ge=1, le=64)
-    memory: Quantity = "1g"
+    memory: SparkMemory = "1g"
 
 
 class ProcessingSpec(Model):
@@ -129,7 +131,7 @@ class ProcessingSpec(Model):
                      description="Spark SQL over the view `events` of the deduped records")
     trigger: Duration = "1s"
     checkpoint_location: str = Field(min_length=1, description="durable URI or PVC path for checkpoints")
-    driver_memory: Quantity = "1g"
+    driver_memory: SparkMemory = "1g"
     executors: Executors = section(Executors)
 
 
@@ -184,7 +186,8 @@ class PipelineSpec(Model):
 # CEL rules the API server enforces; each mirrors a check above (or needs oldSelf).
 CEL_RULES = {
     (): [
-        {"rule": "duration(self.dedup.window) <= duration(self.source.retention)",
+        {"rule": "!has(self.dedup) || !has(self.dedup.window) || !has(self.source.retention) || "
+                 "duration(self.dedup.window) <= duration(self.source.retention)",
          "message": "dedup.window must not exceed source.retention"},
         {"rule": "!has(self.processing) || has(self.sink)", "message": "processing needs a sink"},
     ],
@@ -199,7 +202,7 @@ CEL_RULES = {
     ("source", "topic"): [{"rule": "self == oldSelf", "message": "source.topic is immutable"}],
     ("source", "partitioner"): [{"rule": "self == oldSelf", "message": "source.partitioner is immutable"}],
     ("dedup", "key"): [
-        {"rule": "self.from == 'recordKey' || has(self.name)",
+        {"rule": "!has(self.from) || self.from == 'recordKey' || has(self.name)",
          "message": "dedup.key.name is required when from is header or jsonField"},
     ],
     ("sink",): [

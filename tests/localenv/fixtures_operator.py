@@ -16,8 +16,11 @@ CRDS = [REPO / "crds" / "exactlyoncepipelines.eopipe.dev.yaml",
 
 
 def kubectl(cp, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([str(cp.kubectl), "--kubeconfig", str(cp.kubeconfig), *args],
-                          input=input, capture_output=True, text=True, check=check, timeout=120)
+    res = subprocess.run([str(cp.kubectl), "--kubeconfig", str(cp.kubeconfig), *args],
+                         input=input, capture_output=True, text=True, timeout=120)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed ({res.returncode}):\n{res.stderr}")
+    return res
 
 
 @pytest.fixture(scope="session")
