@@ -174,3 +174,60 @@ def test_operator_restart_continues(operator, kube_api, kafka_bootstrap, k8s_nam
     obj = wait_for(lambda: (o := _ready(kube_api, ns, "minimal")) and o["status"]["readyReplicas"] == 2 and o,
                    180, what="Ready with 2 replicas after the restart")
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+
+
+def test_spark_application_state_maps_to_processing_ready(operator, kube_api, kafka_bootstrap, k8s_namespace):
+    """The operator's side of the Spark stage: it creates the SparkApplication and reads its state.
+    (The state is written here by hand; tests/test_spark_app.py runs the real application.)"""
+    ns, cp = k8s_namespace, operator.cp
+    topic = _unique("payments", ns)
+    doc = _manifest("payments.yaml", kafka_bootstrap, **{
+        "source.topic": topic, "source.partitions": 2, "dedup.replicas": 1,
+        "sink.kafka.topic": f"{topic}-enriched"})
+    _apply(cp, ns, doc)
+    custom = client.CustomObjectsApi(kube_api)
+    app = wait_for(lambda: _spark_app(custom, ns), 60, what="SparkApplication")
+    assert app["metadata"]["ownerReferences"][0]["name"] == "payments"
+    assert app["spec"]["type"] == "Python" and app["spec"]["restartPolicy"]["type"] == "OnFailure"
+    wait_for(lambda: _condition(_get(kube_api, ns, "payments"), "ProcessingReady").get("reason") == "SparkStarting",
+             60, what="ProcessingReady=False/SparkStarting")
+    assert _condition(_get(kube_api, ns, "payments"), "Ready")["status"] == "False"
+    md = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+    assert f"{topic}-enriched" in md and f"eopipe.{ns}.payments.spark-commits" in md
+
+    def set_state(state, message=""):
+        custom.patch_namespaced_custom_object_status(
+            "sparkoperator.k8s.io", "v1beta2", ns, "sparkapplications", "payments-spark",
+            {"status": {"applicationState": {"state": state, "errorMessage": message}}})
+
+    set_state("RUNNING")
+    obj = wait_for(lambda: _ready(kube_api, ns, "payments"), 120, what="Ready once Spark runs")
+    assert obj["status"]["sparkApplicationState"] == "RUNNING"
+    set_state("FAILED", "driver OOMKilled")
+    obj = wait_for(lambda: (o := _get(kube_api, ns, "payments")) and
+                   _condition(o, "ProcessingReady").get("reason") == "SparkFailed" and o, 60, what="SparkFailed")
+    assert _condition(obj, "Ready")["status"] == "False" and "OOMKilled" in _condition(obj, "ProcessingReady")["message"]
+
+
+def _spark_app(custom, ns):
+    try:
+        return custom.get_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", ns,
+                                                   "sparkapplications", "payments-spark")
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def test_operator_health_and_metrics(operator, kube_api, kafka_bootstrap, k8s_namespace):
+    import urllib.request
+
+    ns = k8s_namespace
+    _apply(operator.cp, ns, _manifest("minimal.yaml", kafka_bootstrap, **{"source.topic": _unique("m", ns)}))
+    wait_for(lambda: _ready(kube_api, ns, "minimal"), 180, what="Ready=True")
+    health = urllib.request.urlopen(f"http://127.0.0.1:{operator.health_port}/healthz", timeout=10)
+    assert health.status == 200
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10).read().decode()
+    ok = [line for line in metrics.splitlines() if line.startswith('eopipe_operator_reconciles_total{result="ok"}')]
+    assert ok and float(ok[0].split()[-1]) >= 1
+    assert f'eopipe_operator_pipeline_ready{{name="minimal",namespace="{ns}"}} 1.0' in metrics

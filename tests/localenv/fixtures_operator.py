@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.localenv.kafka import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 CRDS = [REPO / "crds" / "exactlyoncepipelines.eopipe.dev.yaml",
         REPO / "tests" / "crds" / "sparkapplications.sparkoperator.k8s.io.yaml"]
@@ -37,13 +39,15 @@ class OperatorProcess:
         self.cp, self.namespace = cp, namespace
         self.log = workdir / f"operator-{namespace}.log"
         self.proc: subprocess.Popen | None = None
+        self.health_port, self.metrics_port = free_port(), free_port()
 
     def start(self) -> None:
         env = {**os.environ, "KUBECONFIG": str(self.cp.kubeconfig), "EOPIPE_RESYNC_SECONDS": "3",
                "EOPIPE_DELETE_ATTEMPTS": "3"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "eopipe.cli", "operator", "--namespace", self.namespace,
-             "--health-port", "0", "--metrics-port", "0", "--verbose"],
+             "--bind", "127.0.0.1", "--health-port", str(self.health_port),
+             "--metrics-port", str(self.metrics_port), "--verbose"],
             env=env, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, start_new_session=True)
 
     def stop(self, kill: bool = False) -> None:
