@@ -1,0 +1,78 @@
+# syntax=docker/dockerfile:1
+# eopipe images (DESIGN.md section 1):
+#   docker build --target operator -t eopipe:0.1.0 .        operator and dedup worker (default)
+#   docker build --target spark    -t eopipe-spark:0.1.0 .  Spark + pyspark + spark_app + Kafka jars
+# Every build step fetches from package registries only: pip (PyPI), apt (Debian), Maven
+# (Maven Central, through hack/fetch-spark-jars.sh and hack/spark/pom.xml). No curl, no wget.
+# tests/test_dockerfile.py checks this file statically (no Docker engine runs in CI here).
+
+ARG PYTHON_IMAGE=python:3.12-slim-bookworm
+
+# --- shared base: Python, no bytecode writes at run time, no pip cache -------------------
+FROM ${PYTHON_IMAGE} AS python-base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN groupadd --gid 10001 eopipe \
+ && useradd --uid 10001 --gid 10001 --home-dir /var/lib/eopipe --no-create-home \
+            --shell /usr/sbin/nologin eopipe \
+ && mkdir -p /var/lib/eopipe \
+ && chown 10001:10001 /var/lib/eopipe
+
+# --- builder: wheels of the project and of all its dependencies --------------------------
+FROM python-base AS builder
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator/ operator/
+COPY spark_app/ spark_app/
+RUN pip wheel --wheel-dir /wheels .
+
+# --- Spark base: Java 17 (Debian), pyspark (PyPI) -----------------------------------------
+FROM python-base AS spark-base
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps tini \
+ && rm -rf /var/lib/apt/lists/* \
+ && ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /usr/lib/jvm/java-17
+# Keep in step with pyproject.toml (the `spark` extra) and hack/spark/pom.xml (a test checks).
+RUN pip install "pyspark==4.0.0" "confluent-kafka>=2.6,<3" \
+ && ln -s "$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark
+ENV JAVA_HOME=/usr/lib/jvm/java-17 \
+    SPARK_HOME=/opt/spark \
+    PYSPARK_PYTHON=python3
+ENV PATH="${SPARK_HOME}/bin:${PATH}"
+
+# --- Spark connector jars, resolved by Maven from hack/spark/pom.xml ----------------------
+FROM spark-base AS spark-jars
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends maven \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY hack/lib.sh hack/fetch-spark-jars.sh hack/
+COPY hack/spark/pom.xml hack/spark/pom.xml
+# Same script as the tests use: spark-sql-kafka and its runtime dependencies, minus the jars
+# pyspark already ships. Output: /cache/spark-kafka-<version>/jars.
+RUN EOPIPE_CACHE=/cache bash hack/fetch-spark-jars.sh "${SPARK_HOME}/jars" \
+ && mkdir -p /out \
+ && cp /cache/spark-kafka-*/jars/*.jar /out/
+
+# --- target: spark ------------------------------------------------------------------------
+FROM spark-base AS spark
+COPY --from=spark-jars /out/ ${SPARK_HOME}/jars/
+COPY spark_app/ /opt/eopipe/spark_app/
+COPY hack/spark/entrypoint.sh /opt/eopipe/entrypoint.sh
+WORKDIR /opt/eopipe
+USER 10001:10001
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/eopipe/entrypoint.sh"]
+
+# --- target: operator (the default): `eopipe operator` or `eopipe dedup ...` --------------
+FROM python-base AS operator
+COPY --from=builder /wheels /wheels
+RUN pip install --no-index --find-links /wheels eopipe \
+ && rm -rf /wheels
+# RocksDB state of the dedup worker (a PersistentVolume in the StatefulSet).
+WORKDIR /var/lib/eopipe
+USER 10001:10001
+EXPOSE 8081 9090
+ENTRYPOINT ["eopipe"]
+CMD ["operator"]

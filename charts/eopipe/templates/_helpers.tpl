@@ -1,0 +1,100 @@
+{{/* Names and labels. */}}
+{{- define "eopipe.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "eopipe.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "eopipe.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "eopipe.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end -}}
+
+{{- define "eopipe.labels" -}}
+{{ include "eopipe.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "eopipe.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "eopipe.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "eopipe.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "eopipe.sparkImage" -}}
+{{- printf "%s:%s" .Values.sparkImage.repository (default .Chart.AppVersion .Values.sparkImage.tag) -}}
+{{- end -}}
+
+{{/*
+What the operator does in a namespace it watches (see operator/eopipe: handlers.py,
+reconcile.py, kube.py, kafkaconf.py). Server-side apply of a missing object is a PATCH that
+creates, which the API server authorizes as both patch and create.
+*/}}
+{{- define "eopipe.namespacedRules" -}}
+# The custom resource: watched by Kopf, patched for its finalizer and handler progress.
+- apiGroups: [eopipe.dev]
+  resources: [exactlyoncepipelines]
+  verbs: [get, list, watch, patch]
+- apiGroups: [eopipe.dev]
+  resources: [exactlyoncepipelines/status]
+  verbs: [get, patch]
+# Owner references with blockOwnerDeletion (clusters with OwnerReferencesPermissionEnforcement).
+- apiGroups: [eopipe.dev]
+  resources: [exactlyoncepipelines/finalizers]
+  verbs: [update]
+# Children, applied server-side: assignment ConfigMap, headless Service, PDB, StatefulSet,
+# SparkApplication.
+- apiGroups: [""]
+  resources: [configmaps, services]
+  verbs: [get, create, patch]
+- apiGroups: [apps]
+  resources: [statefulsets]
+  verbs: [get, create, patch]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, create, patch]
+- apiGroups: [sparkoperator.k8s.io]
+  resources: [sparkapplications]
+  verbs: [get, create, patch]
+# Kafka credentials named by spec.kafka.sasl / spec.kafka.tls Secret references.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+# The dedup worker pods (readiness, rebalancing).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+# Events about every transition (Kopf posts them through the core API).
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}
+
+{{/*
+Cluster-scoped reads Kopf needs in every mode: it observes CRDs, and it lists and watches
+namespaces even when given exact names (without it, Kopf retries for about a minute, then
+falls back to assuming the named namespaces exist, logging 403s all along).
+*/}}
+{{- define "eopipe.kopfClusterRules" -}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get, list, watch]
+{{- end -}}

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Builds the chart tooling from the Go module proxy (nothing else is reachable): helm
+# (helm.sh/helm/v3) and kubeconform (github.com/yannh/kubeconform), pinned below.
+#
+# Idempotent: each tool lands in $EOPIPE_CACHE/tools-<name>-<version>/bin/<name>; when it is
+# there already the script does nothing for it. A binary is linked under a temporary name and
+# renamed into place, so an interrupted build never leaves something that counts as cached.
+# One go build at a time (the machines are small). Prints the bin directories on stdout (one
+# per line, helm first), progress on stderr.
+#
+# Usage: hack/build-tools.sh [helm|kubeconform ...]   (default: both)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+HELM_VERSION="${HELM_VERSION:-v3.21.4}"
+KUBECONFORM_VERSION="${KUBECONFORM_VERSION:-v0.8.0}"
+
+tool_version() {
+  case "$1" in
+    helm) echo "$HELM_VERSION" ;;
+    kubeconform) echo "$KUBECONFORM_VERSION" ;;
+    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform)" >&2; exit 2 ;;
+  esac
+}
+
+tool_package() {
+  case "$1" in
+    helm) echo "helm.sh/helm/v3/cmd/helm" ;;
+    kubeconform) echo "github.com/yannh/kubeconform/cmd/kubeconform" ;;
+  esac
+}
+
+tool_ldflags() {
+  case "$1" in
+    helm)
+      # As helm's own Makefile stamps it: the version (`helm version`), and the Kubernetes
+      # version that `helm template` and `helm lint` assume (Capabilities.KubeVersion), taken
+      # from the client-go that this helm release builds with (v0.X.Y -> 1.X); unstamped,
+      # helm assumes Kubernetes 1.20.
+      local gomod client_go k8s_minor
+      gomod="$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*$/\1/p')"
+      client_go="$(awk '$1 == "k8s.io/client-go" {print $2}' "$gomod")"
+      k8s_minor="$(echo "$client_go" | cut -d. -f2)"
+      [[ -n "$k8s_minor" ]] || { echo "build-tools.sh: no k8s.io/client-go in $gomod" >&2; exit 1; }
+      local x=""
+      for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+        x+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
+      done
+      echo "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean$x"
+      ;;
+    kubeconform) echo "-s -w -X main.version=$KUBECONFORM_VERSION" ;;
+  esac
+}
+
+build_tool() {
+  local name="$1" version pkg dir bin tmp t
+  version="$(tool_version "$name")"
+  pkg="$(tool_package "$name")"
+  dir="$EOPIPE_CACHE/tools-$name-$version"
+  bin="$dir/bin"
+  if [[ -x "$bin/$name" ]]; then
+    note "$name $version: cached in $bin"
+    echo "$bin"
+    return 0
+  fi
+  command -v go >/dev/null || { echo "build-tools.sh: the go toolchain is required" >&2; exit 1; }
+  step "building $name $version from the Go module proxy (first run only)"
+  mkdir -p "$bin"
+  tmp="$(mktemp -d "$dir/.build.XXXXXX")"
+  t=$SECONDS
+  local ldflags
+  ldflags="$(tool_ldflags "$name")"
+  # `go install pkg@version` builds in module mode from the module's own go.mod/go.sum
+  # (checked against the checksum database), independent of this repository.
+  GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS="-buildvcs=false" \
+    go install -trimpath -ldflags "$ldflags" "$pkg@$version"
+  [[ -x "$tmp/$name" ]] || { echo "build-tools.sh: go install produced no $name" >&2; rm -rf "$tmp"; exit 1; }
+  mv -f "$tmp/$name" "$bin/$name"
+  rm -rf "$tmp"
+  printf 'built %s %s on %s in %ss (go %s)\n' "$name" "$version" \
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$((SECONDS - t))" "$(go env GOVERSION)" >>"$dir/build-times.log"
+  note "$name $version -> $bin/$name ($(du -h "$bin/$name" | cut -f1)) in $((SECONDS - t))s"
+  echo "$bin"
+}
+
+tools=("$@")
+((${#tools[@]})) || tools=(helm kubeconform)
+for t in "${tools[@]}"; do build_tool "$t"; done

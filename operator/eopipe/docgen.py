@@ -1,0 +1,163 @@
+"""Renders docs/crd-reference.md from the spec model (`python -m eopipe.docgen`).
+
+The reference is generated from the same schema as the CRD (eopipe.crd.spec_schema, itself
+from eopipe.spec), so field names, types, defaults, ranges, patterns and CEL rules never
+drift from what the API server enforces; a test compares the committed file to render().
+"""
+
+from __future__ import annotations
+
+import json
+
+from eopipe import crd, spec, status
+
+HEADER = """<!-- Generated from eopipe.spec by `python -m eopipe.docgen > docs/crd-reference.md`; do not edit. -->
+# ExactlyOncePipeline reference
+
+| | |
+|---|---|
+| API version | `{group}/{version}` |
+| kind | `{kind}` (namespaced) |
+| plural, short names | `{plural}`, {short} |
+| CRD | `crds/{plural}.{group}.yaml` (also in the Helm chart's `crds/`) |
+
+`kubectl get eop` shows the columns {columns}.
+
+The API server checks everything below (types, ranges, patterns, the CEL rules) when a
+manifest is applied: a bad manifest is refused by `kubectl apply` and never reaches the
+operator. Durations use Go syntax (`90s`, `15m`, `24h`, `1h30m`); quantities use Kubernetes
+syntax (`512Mi`, `2Gi`); Spark memory uses JVM syntax (`512m`, `2g`).
+"""
+
+
+def _type(node: dict) -> str:
+    t = node.get("type", "")
+    if t == "object" and "properties" not in node and isinstance(node.get("additionalProperties"), dict):
+        return f"map[string]{_type(node['additionalProperties'])}"
+    if t == "array":
+        return f"[]{_type(node.get('items', {}))}"
+    return t or "any"
+
+
+def _constraints(node: dict) -> list[str]:
+    out = []
+    if "enum" in node:
+        out.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
+    if "minimum" in node and "maximum" in node:
+        out.append(f"{node['minimum']}..{node['maximum']}")
+    elif "minimum" in node:
+        out.append(f">= {node['minimum']}")
+    elif "maximum" in node:
+        out.append(f"<= {node['maximum']}")
+    if "minLength" in node:
+        out.append(f"min length {node['minLength']}")
+    if "pattern" in node:
+        out.append(f"pattern `{node['pattern']}`")
+    values = node.get("additionalProperties")
+    if isinstance(values, dict) and "pattern" in values:
+        out.append(f"values match `{values['pattern']}`")
+    return out
+
+
+def _default(node: dict) -> str:
+    if "default" not in node or node["default"] == {}:
+        return ""
+    return f"`{json.dumps(node['default'])}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _section(path: str, node: dict, out: list[str]) -> None:
+    required = set(node.get("required", ()))
+    out += [f"## `{path}`", ""]
+    if node.get("description"):
+        out += [node["description"][0].upper() + node["description"][1:] + ".", ""]
+    out += ["| field | type | required | default | description |", "|---|---|---|---|---|"]
+    nested = []
+    for name, sub in node["properties"].items():
+        desc = sub.get("description", "")
+        desc = desc[0].upper() + desc[1:] if desc else ""
+        parts = [p for p in [desc] + _constraints(sub) if p]
+        if "properties" in sub:
+            parts.append(f"see [`{path}.{name}`](#{_anchor(f'{path}.{name}')})")
+            nested.append((f"{path}.{name}", sub))
+        out.append(f"| `{name}` | {_type(sub)} | {'yes' if name in required else ''} | {_default(sub)} | "
+                   f"{_cell('; '.join(parts))} |")
+    out.append("")
+    rules = node.get("x-kubernetes-validations") or []
+    for sub_name, sub in node["properties"].items():
+        for r in sub.get("x-kubernetes-validations") or []:
+            if "properties" not in sub:
+                rules.append({**r, "field": sub_name})
+    if rules:
+        out += ["Rules checked by the API server:", ""]
+        for r in rules:
+            where = f"`{r['field']}`: " if "field" in r else ""
+            out.append(f"- {where}{r['message']} (CEL `{r['rule']}`)")
+        out.append("")
+    for sub_path, sub in nested:
+        _section(sub_path, sub, out)
+
+
+def _anchor(path: str) -> str:
+    return path.lower().replace(".", "")
+
+
+STATUS = """## `status`
+
+Written by the operator only (the status subresource), in the Kubernetes (kstatus)
+convention; `kubectl wait --for=condition=Ready` and Argo CD (`argocd/health.lua`) read it.
+
+| field | description |
+|---|---|
+| `observedGeneration` | the `metadata.generation` the status describes; conditions are stale until it catches up |
+| `phase` | {phases} |
+| `conditions` | list of `type`, `status` (`True`/`False`), `reason`, `message`, `observedGeneration`, `lastTransitionTime` (moves only when `status` flips) |
+| `topics` | the Kafka topics by role: `source`, `deduped`, `dead-letter` |
+| `topicChanges` | what the last pass changed on the topics (created, partitions added, configs set) |
+| `assignment` | the live partition assignment: `generation` and, per dedup pod, its partitions |
+| `replicas`, `readyReplicas` | dedup pods wanted and ready |
+| `partitions` | source partitions |
+| `effectiveWindow` | the dedup window in force: duplicates further apart are not caught |
+| `sparkApplicationState` | the SparkApplication's state, when there is a processing stage |
+| `rebalance` | present while partitions move between pods or the partition count grows |
+
+### Conditions
+
+| type | meaning |
+|---|---|
+| `Ready` | the pipeline processes records; reason `Running` (or `Rebalancing`, still True), else the reason of the first stage that is not ready, `Paused`, or the stall reason |
+| `Reconciling` | the operator is moving towards the spec (reason `Progressing`); `Settled` when not |
+| `Stalled` | the operator cannot go on without a change of the spec (reasons `InvalidSpec`, `NotSupported`) |
+{stages}
+
+Reasons of the stage conditions and what to do: [troubleshooting.md](troubleshooting.md).
+"""
+
+STAGE_MEANING = {
+    "TopicsReady": "the source, deduped and dead-letter topics (and the sink topic) exist as specified",
+    "DedupReady": "the dedup StatefulSet's pods are ready",
+    "ProcessingReady": "the SparkApplication runs (True with reason `NotConfigured` for a dedup-only pipeline)",
+}
+
+
+def render() -> str:
+    c = crd.crd()
+    version = c["spec"]["versions"][0]
+    columns = ", ".join(col["name"] for col in version["additionalPrinterColumns"])
+    out = [HEADER.format(group=spec.GROUP, version=spec.VERSION, kind=spec.KIND, plural=spec.PLURAL,
+                         short=", ".join(f"`{s}`" for s in c["spec"]["names"]["shortNames"]),
+                         columns=columns)]
+    lines: list[str] = []
+    _section("spec", crd.spec_schema(), lines)
+    out.append("\n".join(lines))
+    phases = "`Provisioning`, `Running`, `Rebalancing`, `Paused` or `Failed`"
+    stages = "\n".join(f"| `{t}` | {STAGE_MEANING[t]} |" for t in status.STAGES)
+    out.append(STATUS.format(phases=phases, stages=stages))
+    return "\n".join(out).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")
