@@ -187,6 +187,9 @@ def test_spark_application_state_maps_to_processing_ready(operator, kube_api, ka
     _apply(cp, ns, doc)
     custom = client.CustomObjectsApi(kube_api)
     app = wait_for(lambda: _spark_app(custom, ns), 60, what="SparkApplication")
+    role = client.RbacAuthorizationV1Api(kube_api).read_namespaced_role("payments-spark", ns)
+    assert role.metadata.owner_references[0].name == "payments"
+    assert app["spec"]["driver"]["serviceAccount"] == "payments-spark"
     assert app["metadata"]["ownerReferences"][0]["name"] == "payments"
     assert app["spec"]["type"] == "Python" and app["spec"]["restartPolicy"]["type"] == "OnFailure"
     wait_for(lambda: _condition(_get(kube_api, ns, "payments"), "ProcessingReady").get("reason") == "SparkStarting",

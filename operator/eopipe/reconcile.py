@@ -20,7 +20,7 @@ from eopipe import kafkaconf
 from eopipe.assignment import Assignment, assign
 from eopipe.builders import dedup as dedup_builders
 from eopipe.builders.names import Names
-from eopipe.builders.spark import spark_application
+from eopipe.builders.spark import driver_rbac, spark_application
 from eopipe.builders.topics import desired_topics
 from eopipe.kube import Applier
 from eopipe.spec import PipelineSpec
@@ -146,6 +146,8 @@ class Reconciler:
                                         f"the cluster has no {SPARK_API} SparkApplication kind; "
                                         "install the Kubeflow Spark Operator"))
             return
+        for manifest in driver_rbac(names):
+            self.applier.apply(manifest, owner)
         app = self.applier.apply(spark_application(names, self.spark_image), owner)
         state = ((app.get("status") or {}).get("applicationState") or {}).get("state") or "NEW"
         err = ((app.get("status") or {}).get("applicationState") or {}).get("errorMessage", "")

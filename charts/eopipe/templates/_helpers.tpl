@@ -71,14 +71,21 @@ creates, which the API server authorizes as both patch and create.
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
   verbs: [get, create, patch]
+# The Spark driver's ServiceAccount, Role and RoleBinding (builders/spark.py driver_rbac).
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create, patch]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, patch]
+# What that Role grants, which RBAC only lets the operator grant if it holds it too.
+- apiGroups: [""]
+  resources: [pods, services, configmaps, persistentvolumeclaims]
+  verbs: [get, list, watch, create, delete, deletecollection, patch]
 # Kafka credentials named by spec.kafka.sasl / spec.kafka.tls Secret references.
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
-# The dedup worker pods (readiness, rebalancing).
-- apiGroups: [""]
-  resources: [pods]
-  verbs: [get, list, watch]
 # Events about every transition (Kopf posts them through the core API).
 - apiGroups: [""]
   resources: [events]

@@ -53,8 +53,31 @@ def spark_application(names: Names, image: str) -> dict:
                     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
             },
             "driver": {"cores": 1, "memory": proc.driver_memory, "labels": labels,
-                       "serviceAccount": f"{names.pipeline}-spark"},
+                       "serviceAccount": driver_rbac(names)[0]["metadata"]["name"]},
             "executor": {"instances": proc.executors.instances, "cores": proc.executors.cores,
                          "memory": proc.executors.memory, "labels": labels},
         },
     }
+
+
+# What the Spark driver does on Kubernetes: executor pods, their service, config maps and
+# (with dynamic allocation of volumes) claims. The operator holds the same rights (RBAC forbids
+# granting more than one has), see charts/eopipe/templates/_helpers.tpl.
+DRIVER_RULES = [
+    {"apiGroups": [""], "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
+     "verbs": ["get", "list", "watch", "create", "delete", "deletecollection", "patch"]},
+]
+
+
+def driver_rbac(names: Names) -> list[dict]:
+    """ServiceAccount, Role and RoleBinding that the SparkApplication's driver runs as."""
+    sa = f"{names.pipeline}-spark"
+    meta = {"name": sa, "namespace": names.namespace, "labels": names.labels("processing")}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": DRIVER_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": names.namespace}]},
+    ]
