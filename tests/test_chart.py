@@ -21,6 +21,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -183,11 +184,19 @@ def test_monitoring_render(tools, helm_env):
 
 
 def test_rbac_is_least_privilege(tools, helm_env):
+    from eopipe.builders.spark import DRIVER_RULES
+
     for values in VALUE_SETS.values():
         for doc in render(tools, helm_env, *values):
-            for rule in doc.get("rules", []) if doc["kind"] in ("Role", "ClusterRole") else []:
+            rules = doc.get("rules", []) if doc["kind"] in ("Role", "ClusterRole") else []
+            for rule in rules:
                 assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
-                assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+                assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+                # Deleting is only what the operator must hold to grant it to Spark drivers.
+                if {"delete", "deletecollection"} & set(rule["verbs"]):
+                    assert rule in DRIVER_RULES, rule
+            if doc["kind"] == "Role" or any("exactlyoncepipelines" in r["resources"] for r in rules):
+                assert all(r in rules for r in DRIVER_RULES), doc["metadata"]["name"]
                 if "secrets" in rule["resources"]:
                     assert rule["verbs"] == ["get"], rule
 
@@ -293,7 +302,11 @@ def k8s_json_schemas(crds, tmp_path_factory) -> str:
         def wanted(gv_path: str) -> bool:
             return gv_path == "api/v1" or gv_path.startswith("apis/")
 
-        index = get("/openapi/v3")["paths"]
+        # The API server publishes a new CRD's OpenAPI a moment after it is Established.
+        deadline = time.monotonic() + 60
+        while "apis/eopipe.dev/v1alpha1" not in (index := get("/openapi/v3")["paths"]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
         docs = [get("/openapi/v3/" + p) for p in sorted(index) if wanted(p)]
     finally:
         api.close()
@@ -392,11 +405,13 @@ def test_cluster_wide_rbac_grants_what_the_operator_needs(tools, helm_env, crds,
                            ("create", "statefulsets.apps"), ("patch", "statefulsets.apps"),
                            ("create", "poddisruptionbudgets.policy"), ("create", "configmaps"),
                            ("create", "services"), ("create", "sparkapplications.sparkoperator.k8s.io"),
-                           ("get", "secrets"), ("create", "events"), ("list", "pods")]:
+                           ("get", "secrets"), ("create", "events"), ("list", "pods"),
+                           ("create", "roles.rbac.authorization.k8s.io"), ("create", "serviceaccounts"),
+                           ("create", "pods")]:  # pods: to grant them to Spark drivers
             assert _can_i(cp, sa, verb, what, "-n", other), (verb, what)
         assert _can_i(cp, sa, "watch", "customresourcedefinitions.apiextensions.k8s.io")
         assert _can_i(cp, sa, "watch", "namespaces")
-        for verb, what in [("delete", "statefulsets.apps"), ("list", "secrets"), ("create", "pods"),
+        for verb, what in [("delete", "statefulsets.apps"), ("list", "secrets"), ("update", "pods"),
                            ("delete", "exactlyoncepipelines.eopipe.dev"), ("create", "clusterroles")]:
             assert not _can_i(cp, sa, verb, what, "-n", other), (verb, what)
     finally:

@@ -76,4 +76,9 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     from eopipe.dedup.worker import run
 
     logs.setup(args.log_level)
+    import faulthandler
+    import signal
+    import sys
+
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # stacks on demand
     return run(config_from_args(args))
