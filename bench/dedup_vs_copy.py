@@ -110,17 +110,3 @@ def table(rows: list[dict]) -> str:
     copy, dedup = rows[0], rows[1]
     lines.append(f"ratio dedup/copy (records/s): {dedup['records_per_s'] / copy['records_per_s']:.2f}")
     return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
-    from tests.localenv.kafka import KafkaBroker
-
-    work = REPO / ".work" / "bench"
-    work.mkdir(parents=True, exist_ok=True)
-    broker = KafkaBroker(work / "kafka")
-    broker.start()
-    try:
-        print(table(bench(broker.bootstrap, work)))
-    finally:
-        broker.stop()

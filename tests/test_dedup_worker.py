@@ -25,7 +25,6 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from eopipe import partitioner
-from eopipe.dedup.worker import _murmur2_partition
 from eopipe.keys import KeySpec
 from eopipe.loadgen import run_load
 from eopipe.verify import verify
@@ -257,14 +256,6 @@ def assert_clean(rep, poison: int = 0) -> None:
 
 
 # -- tests ---------------------------------------------------------------------------------------
-def test_fast_murmur2_matches_reference():
-    rng = random.Random(7)
-    keys = [rng.randbytes(rng.randrange(0, 70)) for _ in range(3000)] + [str(uuid.uuid4()).encode()]
-    for k in keys:
-        for n in (1, 3, 7, 64):
-            assert _murmur2_partition(k, n) == partitioner.murmur2_partition(k, n)
-
-
 def test_dedup_reroute_dlq_metrics_and_clean_shutdown(pipe):
     w = pipe.worker([0, 1, 2]).start().wait_ready()
     stats = pipe.load(6000, dup_ratio=0.3, wrong_partition_ratio=0.1, poison=25, seed=1)

@@ -1,4 +1,4 @@
-"""The `eopipe` command: the dedup worker, the load generator and the verifier."""
+"""The `eopipe` command: the operator, the dedup worker, the load generator, the verifier and the CRD."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from eopipe.dedup.cli import add_parser as add_dedup
 from eopipe.keys import KeySpec
 
 
@@ -118,12 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     crd = sub.add_parser("crd", help="print the ExactlyOncePipeline CRD (YAML)")
     crd.set_defaults(func=cmd_crd)
 
-    try:
-        from eopipe.dedup.cli import add_parser as add_dedup
-    except ImportError:  # the worker package is optional in a trimmed install
-        pass
-    else:
-        add_dedup(sub)
+    add_dedup(sub)
     return ap
 
 

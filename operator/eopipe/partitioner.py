@@ -9,31 +9,37 @@ and the re-sharding of a partition increase must all agree with the producers' p
 
 from __future__ import annotations
 
+import ctypes
+import glob
+import os
+import struct
 import zlib
 from typing import Callable
 
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
+_UNPACK: dict[int, Callable] = {}
 
 
 def murmur2(data: bytes) -> int:
     """Kafka's org.apache.kafka.common.utils.Utils.murmur2, as a signed 32-bit int."""
     length = len(data)
+    n4 = length >> 2
+    unpack = _UNPACK.get(n4)
+    if unpack is None:  # all 4-byte words in one call: the hot path runs once per record
+        unpack = _UNPACK[n4] = struct.Struct(f"<{n4}I").unpack_from
     h = (0x9747B28C ^ length) & _MASK
-    n4 = length & ~3
-    for i in range(0, n4, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
+    for k in unpack(data):
         k = (k * _M) & _MASK
         k ^= k >> 24
-        k = (k * _M) & _MASK
-        h = ((h * _M) & _MASK) ^ k
-    rest = length & 3
+        h = ((h * _M) & _MASK) ^ ((k * _M) & _MASK)
+    rest, tail = length & 3, n4 << 2
     if rest == 3:
-        h ^= data[n4 + 2] << 16
+        h ^= data[tail + 2] << 16
     if rest >= 2:
-        h ^= data[n4 + 1] << 8
+        h ^= data[tail + 1] << 8
     if rest >= 1:
-        h ^= data[n4]
+        h ^= data[tail]
         h = (h * _M) & _MASK
     h ^= h >> 13
     h = (h * _M) & _MASK
@@ -41,9 +47,41 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-def murmur2_partition(key: bytes, partitions: int) -> int:
+def _murmur2_partition_py(key: bytes, partitions: int) -> int:
     # Java's Utils.toPositive masks the sign bit (it is not abs()).
     return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def _librdkafka_murmur2() -> Callable[[bytes, int], int] | None:
+    """librdkafka's own murmur2 partitioner (exported by the library confluent-kafka ships),
+    through ctypes: ~6x faster than Python. None if it cannot be found or disagrees."""
+    try:
+        import confluent_kafka
+
+        site = os.path.dirname(os.path.dirname(confluent_kafka.__file__))
+        libs = (glob.glob(os.path.join(site, "confluent_kafka.libs", "librdkafka*.so*"))
+                + glob.glob(os.path.join(site, "confluent_kafka", ".dylibs", "librdkafka*.dylib")))
+        for name in libs + ["librdkafka.so.1", "librdkafka.dylib"]:
+            try:
+                fn = ctypes.CDLL(name).rd_kafka_msg_partitioner_murmur2
+            except (OSError, AttributeError):
+                continue
+            fn.restype = ctypes.c_int32
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int32,
+                           ctypes.c_void_p, ctypes.c_void_p]
+
+            def partition(key: bytes, partitions: int, _fn=fn) -> int:
+                return _fn(None, key, len(key), partitions, None, None)
+
+            probe = [b"a", b"ab", b"abc", b"abcd", b"0123456789", b"\xff" * 37]
+            if all(partition(k, 1000) == _murmur2_partition_py(k, 1000) for k in probe):
+                return partition
+    except Exception:  # noqa: BLE001 - any trouble means: use the Python one
+        pass
+    return None
+
+
+murmur2_partition: Callable[[bytes, int], int] = _librdkafka_murmur2() or _murmur2_partition_py
 
 
 def crc32_partition(key: bytes, partitions: int) -> int:

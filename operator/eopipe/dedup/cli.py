@@ -7,7 +7,9 @@ import os
 from pathlib import Path
 
 from eopipe.keys import KeySpec
-from eopipe.dedup.config import WorkerConfig, default_http_host, parse_duration, parse_partitions
+from eopipe.dedup.config import WorkerConfig, default_http_host, parse_partitions
+from eopipe import kafkaconf
+from eopipe.spec import parse_duration
 
 
 def _kv(text: str) -> tuple[str, str]:
@@ -15,6 +17,13 @@ def _kv(text: str) -> tuple[str, str]:
     if not sep or not k:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return k, v
+
+
+def _seconds(text: str) -> float:
+    try:
+        return parse_duration(text).total_seconds()
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -39,8 +48,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ap.add_argument("--pod-name", default=env("POD_NAME"), help="this pod's name in the assignment (env POD_NAME)")
     ap.add_argument("--key", type=KeySpec.parse, default=KeySpec(),
                     help="dedup key: 'key', 'header:NAME' or 'json:FIELD' (default: key)")
-    ap.add_argument("--window", type=parse_duration, default=parse_duration("24h"),
-                    help="dedup window by event time, e.g. 15m, 24h, 7d (default 24h)")
+    ap.add_argument("--window", type=_seconds, default=24 * 3600.0,
+                    help="dedup window by event time, Go duration syntax: 15m, 24h, 168h (default 24h)")
     ap.add_argument("--segments", type=int, default=4,
                     help="time segments per window; expiry drops one whole segment (default 4)")
     ap.add_argument("--partitioner", choices=["murmur2", "crc32"], default="murmur2",
@@ -54,7 +63,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ap.add_argument("--memory-mb", type=int, default=256,
                     help="RocksDB memory (block cache + memtables) for the whole process")
     ap.add_argument("--kafka-config", type=_kv, action="append", default=[], metavar="KEY=VALUE",
-                    help="extra librdkafka setting for all clients (security etc.), repeatable")
+                    help="extra librdkafka setting for all clients, repeatable; also read from env "
+                         "EOPIPE_KAFKA_* (EOPIPE_KAFKA_SASL_USERNAME -> sasl.username), as the operator sets them")
     ap.add_argument("--log-level", default=env("EOPIPE_LOG_LEVEL", "INFO"))
     ap.set_defaults(func=cmd_dedup)
     return ap
@@ -68,7 +78,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         key_spec=args.key, window_seconds=args.window, segments=args.segments,
         partitioner=args.partitioner, state_dir=args.state_dir, http_host=args.http_host,
         http_port=args.http_port, commit_interval_ms=args.commit_interval_ms,
-        max_batch=args.max_batch, memory_mb=args.memory_mb, kafka_config=dict(args.kafka_config))
+        max_batch=args.max_batch, memory_mb=args.memory_mb, kafka_config={**kafkaconf.from_env(), **dict(args.kafka_config)})
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:

@@ -4,25 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eopipe.assignment import Assignment
 from eopipe.keys import KeySpec
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, None: 1}
-
-
-def parse_duration(text: str | float | int) -> float:
-    """Seconds from `90`, `90s`, `500ms`, `15m`, `24h`, `7d`."""
-    if isinstance(text, (int, float)):
-        return float(text)
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"bad duration {text!r}: expected e.g. 500ms, 90s, 15m, 24h, 7d")
-    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
-
 
 def parse_partitions(text: str) -> list[int]:
     """`0,1,2` or ranges `0-3,7`."""
@@ -36,22 +22,6 @@ def parse_partitions(text: str) -> list[int]:
     if any(p < 0 for p in out):
         raise ValueError(f"negative partition in {text!r}")
     return sorted(out)
-
-
-@dataclass(frozen=True)
-class Assignment:
-    generation: int
-    partitions: tuple[int, ...]
-
-
-def read_assignment(path: Path, pod: str) -> Assignment:
-    """The operator's assignment file: {"generation": g, "assignments": {"<pod>": [p, ...]}}.
-
-    A pod missing from the map owns nothing (it may be a pod about to be scaled away)."""
-    doc = json.loads(Path(path).read_text())
-    gen = int(doc.get("generation", 0))
-    parts = doc.get("assignments", {}).get(pod, [])
-    return Assignment(gen, tuple(sorted({int(p) for p in parts})))
 
 
 @dataclass
@@ -115,10 +85,13 @@ class WorkerConfig:
     def segment_ms(self) -> int:
         return max(1, self.window_ms // self.segments)
 
-    def current_assignment(self) -> Assignment:
+    def current_assignment(self) -> tuple[int, tuple[int, ...]]:
+        """(generation, owned partitions). The operator's file is an eopipe.assignment JSON; a
+        pod missing from it owns nothing (it may be about to be scaled away)."""
         if self.partitions is not None:
-            return Assignment(0, tuple(self.partitions))
-        return read_assignment(self.assignment_file, self.pod_name)
+            return 0, tuple(self.partitions)
+        a = Assignment.from_json(json.loads(self.assignment_file.read_text()))
+        return a.generation, tuple(a.partitions_of(self.pod_name))
 
 
 def default_http_host() -> str:
