@@ -11,47 +11,27 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import time
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from eopipe.verify import end_offsets, wait_for_group
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _end_offsets(bootstrap: str, topic: str) -> list[TopicPartition]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-probe"})
-    try:
-        parts = c.list_topics(topic, timeout=30).topics[topic].partitions
-        return [TopicPartition(topic, p, c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1])
-                for p in sorted(parts)]
-    finally:
-        c.close()
-
-
-def _caught_up(probe: Consumer, ends: list[TopicPartition]) -> bool:
-    committed = probe.committed([TopicPartition(t.topic, t.partition) for t in ends], timeout=10)
-    return all(c.offset >= e.offset for c, e in zip(committed, ends))
-
-
 def run_contestant(cmd: list[str], bootstrap: str, group: str, ends: list[TopicPartition],
                    log: Path, timeout: float = 600) -> dict:
-    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
-    t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=REPO)
+
+    def alive():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}; see {log}")
     try:
-        while not _caught_up(probe, ends):
-            if proc.poll() is not None:
-                raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}; see {log}")
-            if time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"{cmd} did not catch up in {timeout}s; see {log}")
-            time.sleep(0.05)
-        seconds = time.monotonic() - t0
+        seconds = wait_for_group(bootstrap, group, ends, timeout, stop=alive)
     finally:
-        probe.close()
         proc.send_signal(signal.SIGTERM)
     _, status, ru = os.wait4(proc.pid, 0)
     return {"seconds": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime, "max_rss_mb": ru.ru_maxrss / 1024}
@@ -67,7 +47,7 @@ def bench(bootstrap: str, workdir: Path, records: int = 200_000, partitions: int
     admin.create_topics([NewTopic(source, partitions, 1)])[source].result(30)
     progress(f"preloading {records} records (20% resends) into {source}")
     stats = run_load(bootstrap, source, records, dup_ratio=0.2, wrong_partition_ratio=0.0, seed=11)
-    ends = _end_offsets(bootstrap, source)
+    ends = end_offsets(bootstrap, source)
     total = sum(e.offset for e in ends)
 
     rows = {"plain copy (at-least-once)": [], "dedup worker (exactly-once)": []}

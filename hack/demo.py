@@ -34,8 +34,8 @@ from eopipe.keys import KeySpec  # noqa: E402
 from eopipe.loadgen import run_load  # noqa: E402
 from eopipe.spec import PipelineSpec  # noqa: E402
 from eopipe.topics import ensure_topics  # noqa: E402
-from eopipe.verify import verify  # noqa: E402
-from tests.localenv.kafka import KafkaBroker  # noqa: E402
+from eopipe.verify import end_offsets, verify, wait_for_group  # noqa: E402
+from tests.localenv.kafka import KafkaBroker, free_port  # noqa: E402
 
 T0 = time.monotonic()
 
@@ -97,8 +97,8 @@ def main() -> int:
         assignment = Assignment(1, assign(4, pods))
         assignment_file = args.workdir / "assignment.json"
         assignment_file.write_text(json.dumps(assignment.to_json()))
-        workers = [Worker(p, names, kafka.bootstrap, args.workdir, assignment_file, 18080 + i)
-                   for i, p in enumerate(pods)]
+        workers = [Worker(p, names, kafka.bootstrap, args.workdir, assignment_file, free_port())
+                   for p in pods]
         for w in workers:
             w.start()
         say("3/5 dedup", f"{len(workers)} workers, assignment {assignment.to_json()['assignments']}")
@@ -123,10 +123,14 @@ def main() -> int:
         load.join()
         say("4/5 load", f"sent {stats['records']} ({stats['unique']} unique, {stats['duplicates']} resends)")
 
+        say("4/5 load", "waiting for the dedup workers to drain the source")
+        drained = wait_for_group(kafka.bootstrap, names.consumer_group,
+                                 end_offsets(kafka.bootstrap, names.source_topic), timeout=300)
+        say("4/5 load", f"drained {drained:.1f}s after the last send")
         say("5/5 verify", "reading source and output with read_committed")
         rep = verify(kafka.bootstrap, names.source_topic, names.deduped_topic,
                      key_spec=KeySpec.parse(names.spec.dedup.key.spec_string()),
-                     dlq_topic=names.dlq_topic, settle=15, timeout=300)
+                     dlq_topic=names.dlq_topic, settle=5, timeout=300)
         print(rep.line(), flush=True)
         say("done", f"total {time.monotonic() - T0:.0f}s; logs in {args.workdir}")
         return 0 if rep.ok else 1

@@ -3,4 +3,5 @@ pytest_plugins = [
     "tests.localenv.fixtures_k8s",
     "tests.localenv.fixtures_agent",
     "tests.localenv.fixtures_operator",
+    "tests.localenv.fixtures_spark",
 ]

@@ -107,6 +107,38 @@ class TopicReader:
             c.close()
 
 
+def end_offsets(bootstrap: str, topic: str) -> list[TopicPartition]:
+    """The topic's current end offset per partition."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"eopipe-verify-{uuid.uuid4().hex}"})
+    try:
+        parts = c.list_topics(topic, timeout=30).topics[topic].partitions
+        return [TopicPartition(topic, p, c.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1])
+                for p in sorted(parts)]
+    finally:
+        c.close()
+
+
+def wait_for_group(bootstrap: str, group: str, ends: list[TopicPartition], timeout: float,
+                   stop=None) -> float:
+    """Waits until `group` has committed up to `ends` (a pipeline stage drained its input);
+    returns the seconds it took. Raises TimeoutError with the remaining lag."""
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    t0 = time.monotonic()
+    try:
+        while True:
+            committed = probe.committed([TopicPartition(e.topic, e.partition) for e in ends], timeout=10)
+            lag = sum(max(0, e.offset - max(c.offset, 0)) for c, e in zip(committed, ends))
+            if lag == 0:
+                return time.monotonic() - t0
+            if stop is not None:
+                stop()
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"group {group} still {lag} records behind after {timeout:.0f}s")
+            time.sleep(0.1)
+    finally:
+        probe.close()
+
+
 def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: KeySpec,
            output_key_spec: KeySpec | None = None, dlq_topic: str | None = None,
            settle: float = 10.0, timeout: float = 300.0, count_aborted: bool = True,

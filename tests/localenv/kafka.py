@@ -107,6 +107,10 @@ class KafkaBroker:
             # Tests create and drop many groups; don't make the first join wait 3 s.
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
+            # After a SIGKILL the controller waits out the old broker session before the
+            # restarted broker may register: keep that short for restart fault tests.
+            "broker.session.timeout.ms": "3000",
+            "broker.heartbeat.interval.ms": "500",
             "log.flush.interval.messages": "9223372036854775807",
         }
         path = self.workdir / "server.properties"
@@ -114,10 +118,11 @@ class KafkaBroker:
         return path
 
     def _format(self, config: Path) -> None:
+        # The id may start with "-": pass it glued to its option, never as a separate word.
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         subprocess.run(
             self._java("kafka.tools.StorageTool", "format", "--standalone",
-                       "-t", cluster_id, "-c", str(config)),
+                       f"--cluster-id={cluster_id}", "-c", str(config)),
             check=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
         self._formatted = True

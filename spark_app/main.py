@@ -1,0 +1,290 @@
+"""eopipe's Spark job: deduped topic -> the pipeline's SQL (and optional Python) transform -> sink.
+
+Run it as the SparkApplication's main file (`spark-submit .../spark_app/main.py --config-json
+'...'`), or as a module (`python -m spark_app.main --config FILE`) with pyspark installed; then
+the master defaults to local[2,4] (two cores, up to four attempts per task) and the Kafka
+connector jars are taken from EOPIPE_SPARK_JARS (a folder or a comma-separated list).
+
+Exit status: 0 when the query ends on its own (trigger availableNow) or on SIGTERM; 1 when the
+query fails (the SparkApplication restarts OnFailure and resumes from the checkpoint); 2 for
+a bad configuration (including SQL that does not analyse), with the reasons on stderr.
+
+Reading: `kafka.isolation.level=read_committed` (only what the dedup stage committed),
+`failOnDataLoss=true` (offsets that vanished, e.g. by retention, stop the job instead of being
+skipped silently). Stateful transforms keep their state in the RocksDB state store provider;
+all progress is in `checkpoint_location`, which must be durable (a PVC path or an object
+store URI) for the exactly-once guarantee to survive the loss of the driver's pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import signal
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+if not __package__:  # run as a file by spark-submit: make `spark_app` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from spark_app.config import META_COLUMNS, Config, ConfigError, FileSink, KafkaSink, load  # noqa: E402
+
+RUNNING_LINE = "eopipe-spark: streaming query running"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+JARS_ENV = "EOPIPE_SPARK_JARS"
+
+
+def log(msg: str) -> None:
+    print(f"eopipe-spark: {msg}", file=sys.stderr, flush=True)
+
+
+def _jars_from_env() -> str | None:
+    spec = os.environ.get(JARS_ENV)
+    if not spec:
+        return None
+    if os.path.isdir(spec):
+        return ",".join(str(p) for p in sorted(Path(spec).glob("*.jar")))
+    return spec
+
+
+def java_kafka_options(cfg: Config) -> dict[str, str]:
+    """The source's Java client options (`kafka.` prefix) from librdkafka-style settings.
+
+    Most names are shared; librdkafka's sasl.username/password and ssl.ca.pem have Java
+    equivalents that are spelt differently."""
+    conf = dict(cfg.kafka)
+    user, password = conf.pop("sasl.username", None), conf.pop("sasl.password", None)
+    if user is not None and "sasl.jaas.config" not in conf:
+        mech = conf.get("sasl.mechanism", "PLAIN").upper()
+        module = ("org.apache.kafka.common.security.scram.ScramLoginModule"
+                  if mech.startswith("SCRAM") else
+                  "org.apache.kafka.common.security.plain.PlainLoginModule")
+        esc = lambda s: (s or "").replace("\\", "\\\\").replace('"', '\\"')  # noqa: E731
+        conf["sasl.jaas.config"] = f'{module} required username="{esc(user)}" password="{esc(password)}";'
+    ca = conf.pop("ssl.ca.pem", None)
+    if ca is not None:
+        conf["ssl.truststore.type"] = "PEM"
+        conf["ssl.truststore.certificates"] = ca
+    ca_file = conf.pop("ssl.ca.location", None)
+    if ca_file is not None:
+        conf["ssl.truststore.type"] = "PEM"
+        conf["ssl.truststore.location"] = ca_file
+    return {f"kafka.{k}": v for k, v in conf.items()}
+
+
+def build_session(cfg: Config):
+    from pyspark.sql import SparkSession
+
+    standalone = "PYSPARK_GATEWAY_PORT" not in os.environ  # not launched by spark-submit
+    b = SparkSession.builder.appName(f"eopipe-{cfg.namespace}-{cfg.pipeline}")
+    if standalone:
+        # Python workers run the interpreter that runs us (the one with confluent-kafka).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        b = b.master(cfg.spark_conf.get("spark.master", "local[2,4]"))
+        jars = _jars_from_env()
+        if jars:
+            b = b.config("spark.jars", jars)
+        # Quick start for small local runs; spark-submit users set their own.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        b = (b.config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.driver.memory", cfg.spark_conf.get("spark.driver.memory", "1g"))
+             .config("spark.sql.shuffle.partitions", "2"))
+    for k, v in cfg.spark_conf.items():
+        if k != "spark.master":
+            b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("EOPIPE_SPARK_LOG_LEVEL", "WARN"))
+    launch = spark.sparkContext.getConf()
+    # The state store is fixed at the query's first run (kept in the checkpoint); RocksDB keeps
+    # large state off the JVM heap and commits incrementally (changelog checkpointing).
+    if not launch.contains("spark.sql.streaming.stateStore.providerClass"):
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB_PROVIDER)
+    if not launch.contains("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"):
+        spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    # Task partitioning of a micro-batch must be a function of its logged offsets only (see
+    # sink_kafka.py); adaptive execution could coalesce partitions from runtime statistics.
+    spark.conf.set("spark.sql.adaptive.enabled", "false")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    _ship_package(spark)
+    return spark
+
+
+def _ship_package(spark) -> None:
+    """Executors unpickle the sink's task function by reference to `spark_app.sink_kafka`
+    (and a transform's UDFs by their module), so they must import spark_app: ship it."""
+    pkg = Path(__file__).resolve().parent
+    out = Path(tempfile.mkdtemp(prefix="eopipe-spark-")) / "spark_app.zip"
+    with zipfile.ZipFile(out, "w") as z:
+        for p in sorted(pkg.rglob("*.py")):
+            z.write(p, Path("spark_app") / p.relative_to(pkg))
+    spark.sparkContext.addPyFile(str(out))
+
+
+def events_view(spark, cfg: Config):
+    """The streaming DataFrame behind the view `events`: JSON fields + Kafka metadata."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    try:
+        schema = StructType.fromDDL(cfg.schema)
+    except Exception as e:  # noqa: BLE001 - Spark's parse errors have many types
+        raise ConfigError([f"schema: {cfg.schema!r} is not a DDL column list: {_first_line(e)}"]) from None
+    clash = sorted(set(schema.fieldNames()) & set(META_COLUMNS))
+    if clash:
+        raise ConfigError([f"schema: field(s) {', '.join(clash)} clash with the Kafka metadata "
+                           f"columns {', '.join(META_COLUMNS)} of the events view"])
+    reader = (spark.readStream.format("kafka")
+              .option("kafka.bootstrap.servers", cfg.bootstrap)
+              .option("subscribe", cfg.source_topic)
+              .option("startingOffsets", cfg.starting_offsets)
+              .option("failOnDataLoss", "true")
+              .option("kafka.isolation.level", "read_committed"))
+    for k, v in java_kafka_options(cfg).items():
+        reader = reader.option(k, v)
+    if cfg.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(cfg.max_offsets_per_trigger))
+    raw = reader.load()
+    parsed = raw.select(
+        F.col("key").cast("string").alias("key"), "partition", "offset", "timestamp",
+        F.from_json(F.col("value").cast("string"), schema).alias("_v"),
+    ).select("key", "partition", "offset", "timestamp", "_v.*")
+    if cfg.watermark is not None:
+        if cfg.watermark.column not in parsed.columns:
+            raise ConfigError([f"watermark.column: {cfg.watermark.column!r} is not a column of "
+                               f"events ({', '.join(parsed.columns)})"])
+        parsed = parsed.withWatermark(cfg.watermark.column, cfg.watermark.delay)
+    return parsed
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def build_query_frame(spark, cfg: Config):
+    events = events_view(spark, cfg)
+    events.createOrReplaceTempView("events")
+    try:
+        result = spark.sql(cfg.sql)
+    except Exception as e:  # AnalysisException, ParseException
+        raise ConfigError([f"sql: {_first_line(e)}"]) from None
+    if cfg.transform:
+        mod_name, fn_name = cfg.transform.split(":")
+        try:
+            fn = getattr(importlib.import_module(mod_name), fn_name)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError([f"transform: cannot load {cfg.transform}: {e}"]) from None
+        result = fn(result)
+    if not getattr(result, "isStreaming", False):
+        raise ConfigError(["sql: the result is not a streaming query over `events`"])
+    return result
+
+
+def _kafka_topics_exist(cfg: Config) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    need = [cfg.source_topic] + ([cfg.sink.topic, cfg.sink.commit_topic]
+                                 if isinstance(cfg.sink, KafkaSink) else [])
+    admin = AdminClient(cfg.kafka_client_config())
+    md = admin.list_topics(timeout=30)
+    missing = [t for t in need if t not in md.topics or md.topics[t].error is not None]
+    if missing:
+        # Not a config error: the operator may still be creating them. Fail (exit 1) and let
+        # the restart policy try again.
+        raise RuntimeError(f"topic(s) missing: {', '.join(missing)}")
+
+
+def start_query(spark, cfg: Config):
+    from spark_app.sink_kafka import KafkaSinkBatchWriter, SinkParams
+
+    result = build_query_frame(spark, cfg)
+    w = result.writeStream.outputMode(cfg.output_mode).option("checkpointLocation",
+                                                              cfg.checkpoint_location)
+    w = w.queryName(f"eopipe_{cfg.namespace}_{cfg.pipeline}".replace("-", "_").replace(".", "_"))
+    if cfg.trigger_ms is None:
+        w = w.trigger(availableNow=True)
+    else:
+        w = w.trigger(processingTime=f"{cfg.trigger_ms} milliseconds")
+    if isinstance(cfg.sink, KafkaSink):
+        params = SinkParams(cfg.sink.topic, cfg.sink.commit_topic, cfg.transactional_id_prefix,
+                            cfg.kafka_client_config())
+        w = w.foreachBatch(KafkaSinkBatchWriter(params))
+    else:
+        assert isinstance(cfg.sink, FileSink)
+        # Spark's file sink: a batch's files become visible only through the sink's metadata
+        # log (<path>/_spark_metadata), written once per batch id; a replayed batch that is
+        # already in the log is skipped. Readers must read through Spark (or that log).
+        w = w.format(cfg.sink.format).option("path", cfg.sink.path)
+    try:
+        return w.start()
+    except Exception as e:
+        if type(e).__name__ == "AnalysisException":
+            raise ConfigError([f"sql: {_first_line(e)}"]) from None
+        raise
+
+
+def run(cfg: Config) -> int:
+    stop = {"requested": False}
+
+    def on_term(signum, _frame):
+        stop["requested"] = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    _kafka_topics_exist(cfg)
+    spark = build_session(cfg)
+    query = start_query(spark, cfg)
+    print(f"{RUNNING_LINE} id={query.id} run={query.runId} source={cfg.source_topic} "
+          f"sink={cfg.sink.kind}", flush=True)
+    progress_log = bool(os.environ.get("EOPIPE_SPARK_PROGRESS_LOG"))
+    last_batch = None
+    try:
+        while not stop["requested"]:
+            if query.awaitTermination(1):
+                break
+            p = query.lastProgress if progress_log else None
+            if p and p.get("batchId") != last_batch:
+                last_batch = p.get("batchId")
+                log(f"batch {last_batch}: rows={p.get('numInputRows')} durationMs={p.get('durationMs')}")
+    finally:
+        if stop["requested"]:
+            log("SIGTERM: stopping the query (progress is in the checkpoint)")
+            try:
+                query.stop()
+            except Exception as e:  # noqa: BLE001 - the JVM may be shutting down too
+                log(f"stop: {_first_line(e)}")
+            return 0
+    exc = query.exception()
+    if exc is not None:
+        log(f"query failed: {exc}")
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="spark_app.main", description=__doc__.splitlines()[0])
+    ap.add_argument("--config-json", help="the configuration as one JSON document")
+    ap.add_argument("--config", help="a file holding the JSON configuration")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load(args.config_json, args.config)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr, flush=True)
+        return 2
+    t0 = time.monotonic()
+    try:
+        rc = run(cfg)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr, flush=True)
+        return 2
+    except Exception as e:  # noqa: BLE001 - reported, and the restart policy takes over
+        log(f"failed after {time.monotonic() - t0:.0f}s: {type(e).__name__}: {e}")
+        return 1
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,339 @@
+"""Exactly-once Kafka sink for Structured Streaming, through foreachBatch.
+
+Spark's built-in Kafka sink is at-least-once: a micro-batch that is re-run after a driver
+crash writes its rows again. This sink makes every (batch, task) an idempotent unit:
+
+* Each task `i` of micro-batch `B` owns a transactional producer with
+  `transactional.id = eopipe.<namespace>.<pipeline>.spark.<i>`. In ONE Kafka transaction it
+  writes the task's rows to the sink topic and a marker `task-<i> -> {batch: B, query: Q}` to
+  the pipeline's compacted commit topic. Either both are visible to read_committed readers or
+  neither is.
+* Every task run creates its producer and calls init_transactions(), which fences every
+  older producer with the same transactional.id (an earlier attempt, a zombie of a previous
+  driver) and completes or aborts its open transaction. A task that cannot rule out an
+  earlier writer of (B, i) -- a retry, or the first batch a driver runs, which may be a
+  replay -- then reads its marker (read_committed; after the init it is final). If the marker
+  already holds B for the same streaming query, the task's rows are in the sink already and
+  it writes nothing.
+
+Why a replayed micro-batch has the same task partitioning, so that "task i of batch B" names
+the same rows in both runs:
+  1. Spark writes the offset range of batch B (per Kafka partition: from, until) to the
+     checkpoint's offset log BEFORE running B, and marks B done in the commit log only AFTER
+     foreachBatch returned. A driver that restarts re-runs the last batch that has offsets but
+     no commit with exactly the logged ranges; it never recomputes them from the broker.
+     With isolation.level=read_committed the records inside a logged range are fixed too:
+     the range ends at or below the last stable offset, so every transaction in it had
+     already committed or aborted when the range was chosen.
+  2. The Kafka source turns the logged ranges into input partitions deterministically: one
+     Spark partition per Kafka topic-partition range with data (we never set minPartitions,
+     and even its splitting is a pure function of the ranges), in an order derived from the
+     logged offsets alone.
+  3. The transform is a deterministic plan over those partitions: a stateless query keeps the
+     source partitioning; a stateful one hash-partitions into spark.sql.shuffle.partitions,
+     which Spark pins in the checkpoint, reads state store version B-1 and uses the watermark
+     and batch timestamp logged with B. Adaptive query execution, which could coalesce
+     partitions based on runtime statistics, is switched off by main.py. Even a
+     non-deterministic expression (rand(), uuid()) changes only values, not which input
+     records task i covers, so each input record still reaches the sink exactly once.
+So the rows of task i in a replay of B are the rows of task i in the first run of B, and
+skipping a task whose marker holds B loses nothing and duplicates nothing.
+
+Task retries (attempt > 0) inside one driver run (an executor lost, a broker restart making
+a transaction fail, speculative copies) are handled the same way: the retry's producer fences
+the failed attempt, and the retry consults the marker, so a first attempt that committed and
+then failed to report success is not written twice.
+
+A marker newer than the batch being written (same query) means the checkpoint went back in
+time (restored from an old copy); writing on would duplicate output, skipping would lose it,
+so the task fails loudly instead. A marker from another query id (the checkpoint was deleted
+and the job starts over) is ignored: a new checkpoint means a new run by definition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from itertools import chain
+from typing import Iterable
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+MARKER_KEY_PREFIX = "task-"
+# Fault-test hook only: seconds to sleep between writing a task's rows and committing, so a
+# SIGKILL lands inside an open transaction. Never set in production.
+COMMIT_DELAY_ENV = "EOPIPE_SPARK_TEST_COMMIT_DELAY"
+TIMEOUT_S = 60.0
+_DEBUG = bool(os.environ.get("EOPIPE_SPARK_SINK_DEBUG"))
+
+
+class InconsistentCheckpoint(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class SinkParams:
+    """What the tasks need; pickled into every task (small)."""
+    topic: str
+    commit_topic: str
+    transactional_id_prefix: str
+    client_config: dict  # librdkafka settings incl. bootstrap.servers and credentials
+
+    def transactional_id(self, task: int) -> str:
+        return f"{self.transactional_id_prefix}.{task}"
+
+
+@dataclass
+class Marker:
+    task: int
+    batch: int
+    query: str | None
+
+    def encode(self, attempt: int, rows: int) -> bytes:
+        return json.dumps({"task": self.task, "batch": self.batch, "query": self.query,
+                           "attempt": attempt, "rows": rows,
+                           "committed_at_ms": int(time.time() * 1000)}).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> "Marker":
+        d = json.loads(value)
+        return cls(int(d["task"]), int(d["batch"]), d.get("query"))
+
+
+# ---------------------------------------------------------------------------- executor side
+
+def _new_producer(params: SinkParams, task: int) -> Producer:
+    """A transactional producer for task `task`, initialised: init_transactions() fences every
+    older producer with this transactional.id (an earlier attempt, a zombie of a previous
+    driver) and completes or aborts its open transaction.
+
+    One per task run, never cached across tasks: Spark hands a partition to whichever Python
+    worker is idle, so a cached producer per worker would fence its twin in the other worker
+    on every move and fail the next batch there."""
+    p = Producer({
+        **params.client_config,
+        "transactional.id": params.transactional_id(task),
+        # Java clients' default partitioner, so keyed output lands where Java expects it.
+        "partitioner": "murmur2_random",
+        "linger.ms": 5,
+        "transaction.timeout.ms": 60000,
+        "message.timeout.ms": 55000,
+    })
+    p.init_transactions(TIMEOUT_S)
+    return p
+
+
+_COMMIT_PARTITIONS: dict[str, int] = {}
+
+
+def _log(msg: str) -> None:
+    print(f"eopipe-spark-sink: {msg}", file=sys.stderr, flush=True)
+
+
+def _commit_partition(params: SinkParams, task: int, producer: Producer) -> int:
+    n = _COMMIT_PARTITIONS.get(params.commit_topic)
+    if n is None:
+        md = producer.list_topics(params.commit_topic, timeout=TIMEOUT_S).topics[params.commit_topic]
+        if md.error is not None or not md.partitions:
+            raise RuntimeError(f"commit topic {params.commit_topic!r}: {md.error or 'no partitions'}")
+        n = _COMMIT_PARTITIONS[params.commit_topic] = len(md.partitions)
+    return task % n
+
+
+def read_marker(params: SinkParams, task: int, partition: int, timeout: float = TIMEOUT_S,
+                window: int = 2000) -> Marker | None:
+    """The last committed marker of `task`, or None.
+
+    Reads the tail of the commit topic partition with read_committed, up to the high
+    watermark taken now (every transaction of ours is complete, so our last marker is below
+    it; another task's open transaction may hold the stable offset back a little, so we wait
+    for it rather than stopping early). The window doubles backwards until the key is found
+    or the start is reached; compaction keeps the topic short."""
+    key = f"{MARKER_KEY_PREFIX}{task}".encode()
+    group = f"{params.transactional_id(task)}.marker"
+    hw_probe = Consumer({**params.client_config, "group.id": group,
+                         "isolation.level": "read_uncommitted", "enable.auto.commit": False})
+    try:
+        low, high = hw_probe.get_watermark_offsets(
+            TopicPartition(params.commit_topic, partition), timeout=timeout, cached=False)
+    finally:
+        hw_probe.close()
+    if high <= low:
+        return None
+    c = Consumer({**params.client_config, "group.id": group, "isolation.level": "read_committed",
+                  "enable.auto.commit": False, "enable.partition.eof": True,
+                  "fetch.wait.max.ms": 10})
+    try:
+        deadline = time.monotonic() + timeout
+        stop_at, start = high, max(low, high - window)
+        while True:
+            found: Marker | None = None
+            c.assign([TopicPartition(params.commit_topic, partition, start)])
+            done = False
+            while not done:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"reading markers of {params.commit_topic}[{partition}] "
+                                       f"did not reach offset {stop_at} in {timeout:.0f}s")
+                for m in c.consume(1000, timeout=0.5):
+                    if m.error() is not None:
+                        if m.error().code() == KafkaError._PARTITION_EOF:
+                            done = m.offset() >= stop_at
+                            continue
+                        raise KafkaException(m.error())
+                    if m.offset() >= stop_at:
+                        done = True
+                        break
+                    if m.key() == key:
+                        found = Marker.decode(m.value())
+                    if m.offset() + 1 >= stop_at:
+                        done = True
+            if found is not None or start <= low:
+                return found
+            stop_at, start = start, max(low, start - 2 * window)
+            window *= 2
+    finally:
+        c.close()
+
+
+def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
+                    rows: Iterable) -> None:
+    """Runs in a Spark task: rows are (key, value) pairs of str/bytes/None."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    task, attempt = ctx.partitionId(), ctx.attemptNumber()
+    # Spark sets the query's id (stable across restarts from one checkpoint) as a local
+    # property of every job of the query; it reaches the tasks.
+    query = ctx.getLocalProperty("sql.streaming.queryId")
+    it = iter(rows)
+    first = next(it, None)
+    if first is None:
+        return  # nothing to write; an empty task needs no marker
+
+    t0 = time.monotonic()
+    producer = _new_producer(params, task)
+    t_init = time.monotonic() - t0
+    partition = _commit_partition(params, task, producer)
+
+    # Could an earlier writer have committed (B, i)? Only two cases:
+    # * a retry (attempt > 0, including speculative copies): attempt 0 may have committed
+    #   and then failed to report success;
+    # * the first batch this driver runs: it may be the replay of a batch that a previous
+    #   driver (crashed, or a zombie still running) wrote before Spark's commit log said so.
+    # Any later batch N of this run was planned by this driver, which won the atomic write of
+    # offsets/N in the checkpoint (a second driver on the same checkpoint fails there and
+    # never runs N), and attempt 0 is the first writer of (N, i) in this run.
+    if attempt > 0 or batch_id <= first_batch_of_run:
+        marker = read_marker(params, task, partition)
+        if marker is not None and marker.query == query:
+            if marker.batch > batch_id:
+                raise InconsistentCheckpoint(
+                    f"commit topic {params.commit_topic} says task {task} committed batch "
+                    f"{marker.batch}, but the checkpoint is at batch {batch_id}: the checkpoint "
+                    "was restored from an older copy; refusing to write duplicates")
+            if marker.batch == batch_id:
+                _log(f"batch {batch_id} task {task} attempt {attempt}: replay, marker holds "
+                     f"this batch, skipped")
+                return
+
+    try:
+        producer.begin_transaction()
+        n = 0
+        for key, value in chain([first], it):
+            while True:
+                try:
+                    producer.produce(params.topic, key=key, value=value)
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            n += 1
+            if n % 10000 == 0:
+                producer.poll(0)
+        producer.produce(params.commit_topic, key=f"{MARKER_KEY_PREFIX}{task}".encode(),
+                         value=Marker(task, batch_id, query).encode(attempt, n), partition=partition)
+        delay = float(os.environ.get(COMMIT_DELAY_ENV) or 0)
+        if delay:
+            producer.flush(TIMEOUT_S)
+            time.sleep(delay)
+        _commit(producer)
+        if _DEBUG:
+            _log(f"batch {batch_id} task {task} attempt {attempt}: {n} rows committed in "
+                 f"{(time.monotonic() - t0) * 1000:.0f} ms (init {t_init * 1000:.0f} ms)")
+    except BaseException:
+        # The transaction's state is unknown. The task fails, Spark retries it (attempt + 1),
+        # the retry's init_transactions() aborts anything still open and its marker read tells
+        # whether this attempt's commit went through.
+        try:
+            producer.abort_transaction(5)
+        except Exception:
+            pass
+        raise
+
+
+def _commit(producer: Producer) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            producer.commit_transaction(max(1.0, deadline - time.monotonic()))
+            return
+        except KafkaException as e:
+            err = e.args[0]
+            # Retriable (e.g. a timeout while the broker restarts): the commit may be in
+            # flight; calling it again is the documented way to learn the outcome.
+            if err.retriable() and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            raise
+
+
+# ------------------------------------------------------------------------------ driver side
+
+class KafkaSinkBatchWriter:
+    """The foreachBatch function (runs on the driver, once per micro-batch)."""
+
+    def __init__(self, params: SinkParams):
+        self.params = params
+        self.first_batch_of_run: int | None = None
+
+    def __call__(self, df, batch_id: int) -> None:
+        from functools import partial
+
+        if self.first_batch_of_run is None:
+            # Spark replays at most the last batch that has offsets but no commit, and it is
+            # the first one this driver runs; later batches are new.
+            self.first_batch_of_run = batch_id
+        records = to_kafka_records(df)
+        records.rdd.foreachPartition(partial(write_partition, self.params, batch_id,
+                                             self.first_batch_of_run))
+
+
+def to_kafka_records(df):
+    """(key, value) of the output records.
+
+    A result with a `value` column is taken as is (with `key` if present), like Spark's own
+    Kafka sink; otherwise the value is the JSON of all columns except the Kafka metadata
+    columns (key, partition, offset, timestamp), and `key` (if present) stays the key. So a
+    pass-through `SELECT * FROM events` reproduces the input's keys and JSON fields."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BinaryType
+
+    from spark_app.config import META_COLUMNS
+
+    cols = df.columns
+
+    def as_bytes_or_str(name: str):
+        c = F.col(f"`{name}`")
+        return c if isinstance(df.schema[name].dataType, BinaryType) else c.cast("string")
+
+    key = as_bytes_or_str("key") if "key" in cols else F.lit(None).cast("string")
+    if "value" in cols:
+        value = as_bytes_or_str("value")
+    else:
+        payload = [F.col(f"`{c}`") for c in cols if c not in META_COLUMNS]
+        if not payload:
+            raise ValueError("the transform's result has no columns besides Kafka metadata")
+        value = F.to_json(F.struct(*payload))
+    return df.select(key.alias("key"), value.alias("value"))
