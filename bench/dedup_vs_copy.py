@@ -14,15 +14,14 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from eopipe.verify import end_offsets, wait_for_group
+from eopipe.verify import wait_for_group
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run_contestant(cmd: list[str], bootstrap: str, group: str, ends: list[TopicPartition],
+def run_contestant(cmd: list[str], bootstrap: str, group: str, source: str,
                    log: Path, timeout: float = 600) -> dict:
     proc = subprocess.Popen(cmd, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=REPO)
 
@@ -30,7 +29,7 @@ def run_contestant(cmd: list[str], bootstrap: str, group: str, ends: list[TopicP
         if proc.poll() is not None:
             raise RuntimeError(f"{cmd[0]} exited with {proc.returncode}; see {log}")
     try:
-        seconds = wait_for_group(bootstrap, group, ends, timeout, stop=alive)
+        seconds = wait_for_group(bootstrap, group, source, timeout, stop=alive)
     finally:
         proc.send_signal(signal.SIGTERM)
     _, status, ru = os.wait4(proc.pid, 0)
@@ -47,8 +46,7 @@ def bench(bootstrap: str, workdir: Path, records: int = 200_000, partitions: int
     admin.create_topics([NewTopic(source, partitions, 1)])[source].result(30)
     progress(f"preloading {records} records (20% resends) into {source}")
     stats = run_load(bootstrap, source, records, dup_ratio=0.2, wrong_partition_ratio=0.0, seed=11)
-    ends = end_offsets(bootstrap, source)
-    total = sum(e.offset for e in ends)
+    total = stats["records"]
 
     rows = {"plain copy (at-least-once)": [], "dedup worker (exactly-once)": []}
     py = str(REPO / ".venv" / "bin" / "python")
@@ -70,7 +68,7 @@ def bench(bootstrap: str, workdir: Path, records: int = 200_000, partitions: int
                        "--partitions", ",".join(str(p) for p in range(partitions)),
                        "--state-dir", str(workdir / out), "--http-port", "0"]
             progress(f"round {r + 1}/{rounds}: {name}")
-            rows[name].append(run_contestant(cmd, bootstrap, group, ends, workdir / f"{out}.log"))
+            rows[name].append(run_contestant(cmd, bootstrap, group, source, workdir / f"{out}.log"))
     result = []
     for name, runs in rows.items():
         best = min(runs, key=lambda x: x["seconds"])

@@ -34,7 +34,7 @@ from eopipe.keys import KeySpec  # noqa: E402
 from eopipe.loadgen import run_load  # noqa: E402
 from eopipe.spec import PipelineSpec  # noqa: E402
 from eopipe.topics import ensure_topics  # noqa: E402
-from eopipe.verify import end_offsets, verify, wait_for_group  # noqa: E402
+from eopipe.verify import verify, wait_for_group  # noqa: E402
 from tests.localenv.kafka import KafkaBroker, free_port  # noqa: E402
 
 T0 = time.monotonic()
@@ -124,8 +124,7 @@ def main() -> int:
         say("4/5 load", f"sent {stats['records']} ({stats['unique']} unique, {stats['duplicates']} resends)")
 
         say("4/5 load", "waiting for the dedup workers to drain the source")
-        drained = wait_for_group(kafka.bootstrap, names.consumer_group,
-                                 end_offsets(kafka.bootstrap, names.source_topic), timeout=300)
+        drained = wait_for_group(kafka.bootstrap, names.consumer_group, names.source_topic, timeout=300)
         say("4/5 load", f"drained {drained:.1f}s after the last send")
         say("5/5 verify", "reading source and output with read_committed")
         rep = verify(kafka.bootstrap, names.source_topic, names.deduped_topic,

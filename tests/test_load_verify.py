@@ -98,3 +98,22 @@ def test_cli_exit_status_follows_the_verdict(kafka_bootstrap):
     assert res.returncode == 1, res.stderr
     rep = json.loads(res.stdout)
     assert rep["lost"] == rep["unique_in"] > 0 and rep["ok"] is False
+
+
+def test_backlog_sees_records_not_markers(kafka_bootstrap):
+    """A group is drained when only transaction markers follow its committed offset."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from eopipe.verify import backlog
+
+    (topic,) = _topics(kafka_bootstrap, 1)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    _copy(kafka_bootstrap, [(b"k1", b"v1"), (b"k2", b"v2")], topic)  # offsets 0, 1 + marker at 2
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    c.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+    assert backlog(kafka_bootstrap, group, topic) > 0  # k2 not consumed yet
+    c.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+    assert backlog(kafka_bootstrap, group, topic) == 0  # only the commit marker follows
+    _copy(kafka_bootstrap, [], topic, abort_extra=[(b"k3", b"v3")])  # an aborted record
+    assert backlog(kafka_bootstrap, group, topic) == 0
+    c.close()

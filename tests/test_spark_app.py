@@ -25,7 +25,6 @@ from eopipe.verify import TopicReader, verify
 from spark_app import config as sconfig
 from spark_app import sink_kafka
 
-# The lead adds this plugin to tests/conftest.py; until then it is loaded here.
 
 REPO = Path(__file__).resolve().parents[1]
 ID = KeySpec.parse("json:id")
