@@ -1,7 +1,6 @@
 """The operator on the real control plane, real Kafka and the node agent (pods run the real worker)."""
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest

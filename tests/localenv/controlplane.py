@@ -101,7 +101,7 @@ def _failure_report(path: Path, lines: int = 40) -> str:
         return "(no log)"
     errors = [ln for ln in all_lines if _ERROR_LINE.match(ln)][-10:]
     head = ("error lines:\n" + "\n".join(errors) + "\n") if errors else ""
-    return head + f"last lines:\n" + "\n".join(all_lines[-lines:])
+    return head + "last lines:\n" + "\n".join(all_lines[-lines:])
 
 
 # --- certificates (openssl CLI; ECDSA P-256 keys are quick to generate) ----------------------
