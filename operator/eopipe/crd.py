@@ -51,7 +51,7 @@ def spec_schema() -> dict:
     raw = spec.PipelineSpec.model_json_schema(by_alias=True)
     schema = _structural(raw, raw.get("$defs", {}))
     for path, rules in spec.CEL_RULES.items():
-        _at(schema, path)["x-kubernetes-validations"] = rules
+        _at(schema, path)["x-kubernetes-validations"] = copy.deepcopy(rules)
     return schema
 
 

@@ -86,7 +86,7 @@ def _section(path: str, node: dict, out: list[str]) -> None:
         out.append(f"| `{name}` | {_type(sub)} | {'yes' if name in required else ''} | {_default(sub)} | "
                    f"{_cell('; '.join(parts))} |")
     out.append("")
-    rules = node.get("x-kubernetes-validations") or []
+    rules = list(node.get("x-kubernetes-validations") or [])
     for sub_name, sub in node["properties"].items():
         for r in sub.get("x-kubernetes-validations") or []:
             if "properties" not in sub:
@@ -122,7 +122,8 @@ convention; `kubectl wait --for=condition=Ready` and Argo CD (`argocd/health.lua
 | `partitions` | source partitions |
 | `effectiveWindow` | the dedup window in force: duplicates further apart are not caught |
 | `sparkApplicationState` | the SparkApplication's state, when there is a processing stage |
-| `rebalance` | present while partitions move between pods or the partition count grows |
+| `rebalance` | present while partitions move between pods or the partition count grows: `id`, `type` (`replicas` or `partitions`), `phase` (`ScalingUp`, `HandingOff`, `Pausing`, `CreatingPartitions`, `Resharding`, `Finalizing`), `fromReplicas`/`toReplicas`, `fromPartitions`/`toPartitions`, `startedAt`, `message`, `targetGeneration` and `target` (the assignment being published), and `moves`: per partition `from`, `to` and, once it runs at its new owner, `method` (`snapshot`, `rebuild`, `local`, `reshard-import`), `bytes`, `keys`, `pauseMs`. The operator resumes a rebalance from here after a restart |
+| `lastRebalance` | summary of the last finished rebalance: from/to replicas and partitions, `partitionsMoved`, `snapshot` and `rebuild` counts, `bytesMoved`, `keysMoved`, `maxPauseMs` (per handoff) or `pauseMs` (the whole re-shard pause), `rebuilt` partitions, `startedAt`, `finishedAt`, `durationSeconds` |
 
 ### Conditions
 
