@@ -424,16 +424,17 @@ def test_sigkill_mid_transaction_repeatedly_100k(pipe):
         w.start()
     for w in ws:
         w.wait_ready()
-    t, res = background_load(pipe2, 120_000, dup_ratio=0.25, rate=12_000, seed=8)
+    t, res = background_load(pipe2, 120_000, dup_ratio=0.25, rate=8_000, seed=8)
     rng = random.Random(8)
     kills = 0
-    while t.is_alive() and kills < 6:
+    # At least 4 kills whatever the machine's speed; that they hit open transactions is
+    # asserted below (aborted reads), not assumed from timing.
+    while kills < 4 or (t.is_alive() and kills < 6):
         time.sleep(rng.uniform(0.5, 2.0))  # pacing between kills, not an assertion
         w = rng.choice(ws)
         w.kill()
         kills += 1
         w.start().wait_ready()
-    assert kills >= 4
     finish_load(t, res)
     pipe2.wait_drained(timeout=300)
     for w in ws:

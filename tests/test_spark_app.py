@@ -462,7 +462,7 @@ def test_driver_sigkill_mid_batch_repeatedly_then_replay_of_a_committed_batch(
     (ck / "commits" / f".{last}.crc").unlink(missing_ok=True)
     d.start()
     d.wait_running()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline and not (ck / "commits" / str(last)).exists():
         time.sleep(0.5)
     assert (ck / "commits" / str(last)).exists(), "the replayed batch did not complete"

@@ -74,10 +74,11 @@ def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
         "args": worker_args(names),
         "env": _env() + _kafka_env(names),
         "ports": [{"name": "http", "containerPort": HTTP_PORT}],
+        # The HTTP server shares a Python process with the hot loop: allow it a slow answer.
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"},
-                           "periodSeconds": 2, "failureThreshold": 3},
+                           "periodSeconds": 2, "timeoutSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
-                          "periodSeconds": 10, "failureThreshold": 6},
+                          "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
         "volumeMounts": [{"name": "state", "mountPath": STATE_DIR},
                          {"name": "assignment", "mountPath": ASSIGNMENT_DIR, "readOnly": True}],
         "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
