@@ -71,8 +71,8 @@ class Worker:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--records", type=int, default=60_000, help="records to send (default 60000)")
-    ap.add_argument("--rate", type=float, default=4_000, help="records per second (default 4000)")
+    ap.add_argument("--records", type=int, default=30_000, help="records to send (default 30000)")
+    ap.add_argument("--rate", type=float, default=3_000, help="records per second (default 3000)")
     ap.add_argument("--workdir", type=Path, default=REPO / ".work" / "demo")
     args = ap.parse_args()
 
