@@ -42,7 +42,7 @@ demo: deps ## the main job: a pipeline end to end with duplicates and faults, th
 bench: deps ## benchmarks side by side, one table
 	$(PY) -m bench
 
-kind-e2e: ## the e2e suite on a kind cluster (needs Docker; see docs/kind.md)
+kind-e2e: ## end to end on a kind cluster (needs Docker, kind, helm; not run in CI: see hack/kind-e2e.sh)
 	bash hack/kind-e2e.sh
 
 clean: ## remove the virtualenv and test leftovers (the download cache stays)
