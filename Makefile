@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export EOPIPE_CACHE ?= $(HOME)/.cache/eopipe
 
-.PHONY: help deps venv kafka k8s tools test test-fast demo bench kind-e2e clean
+.PHONY: help deps venv kafka k8s tools spark-jars test test-fast demo bench kind-e2e clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -28,7 +28,10 @@ k8s: ## Kubernetes control-plane binaries and etcd (built from Go modules, cache
 tools: ## helm and kubeconform for the chart tests (Go module proxy, cached)
 	@bash hack/build-tools.sh >/dev/null
 
-deps: venv kafka k8s tools ## everything the tests and the demo need
+spark-jars: venv ## Spark's Kafka connector jars (Maven, cached)
+	@bash hack/fetch-spark-jars.sh >/dev/null
+
+deps: venv kafka k8s tools spark-jars ## everything the tests and the demo need
 
 test: deps ## the whole test suite: unit, real Kafka, real control plane, fault tests
 	$(PY) -m pytest
