@@ -50,13 +50,21 @@ def configure(settings: kopf.OperatorSettings, **_):
 def _write_status(body, outcome, logger) -> dict:
     old = (body.get("status") or {}).get("conditions") or []
     conditions, phase = summarize(outcome.stages, stalled=outcome.stalled,
+                                  rebalancing=outcome.rebalancing,
                                   paused=bool((body.get("spec") or {}).get("paused")))
     generation = body["metadata"].get("generation", 0)
     merged = merge_conditions(old, conditions, generation)
     status = {"observedGeneration": generation, "phase": phase, "conditions": merged, **outcome.fields}
+    if isinstance(status.get("assignment"), dict):
+        # A merge patch keeps keys it does not mention: pods scaled away must be removed.
+        gone = set(((body.get("status") or {}).get("assignment") or {})) - set(status["assignment"])
+        status["assignment"] = {**status["assignment"], **{pod: None for pod in gone}}
     client.CustomObjectsApi(_reconciler().api).patch_namespaced_custom_object_status(
         *RESOURCE[:2], body["metadata"]["namespace"], RESOURCE[2], body["metadata"]["name"],
         {"status": status})
+    # Every rebalance step (start, handoff, re-shard, rebuild fallbacks, completion).
+    for type_, reason, message in outcome.events:
+        (kopf.warn if type_ == "Warning" else kopf.info)(body, reason=reason, message=message[:1000])
     # One event per condition that changed status, as kubectl describe users expect.
     before = {c["type"]: c.get("status") for c in old}
     for c in merged:
@@ -71,18 +79,36 @@ def _write_status(body, outcome, logger) -> dict:
 
 def _reconcile(body, logger, **_):
     t0 = time.monotonic()
-    try:
-        outcome = _reconciler().reconcile(body)
-    except Exception:
-        RECONCILES.labels("error").inc()
-        raise
-    finally:
-        RECONCILE_SECONDS.observe(time.monotonic() - t0)
-    status = _write_status(body, outcome, logger)
+    rec = _reconciler()
+    with rec.lock(body["metadata"]["namespace"], body["metadata"]["name"]):
+        # Kopf runs timers beside change handlers and hands each a body of its moment: inside
+        # the lock, work from the object as it is now (the spec and the rebalance recorded by a
+        # pass that just finished), never from a stale copy.
+        body = _fresh(body)
+        if body is None:
+            return
+        try:
+            outcome = rec.reconcile(body)
+        except Exception:
+            RECONCILES.labels("error").inc()
+            raise
+        finally:
+            RECONCILE_SECONDS.observe(time.monotonic() - t0)
+        status = _write_status(body, outcome, logger)
     RECONCILES.labels("retry" if outcome.retry else "ok").inc()
     logger.info(f"reconciled: phase={status['phase']}")
     if outcome.retry:
         raise kopf.TemporaryError("Kafka not reachable yet", delay=5)
+
+
+def _fresh(body) -> dict | None:
+    try:
+        return client.CustomObjectsApi(_reconciler().api).get_namespaced_custom_object(
+            *RESOURCE[:2], body["metadata"]["namespace"], RESOURCE[2], body["metadata"]["name"])
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 @kopf.on.resume(*RESOURCE)

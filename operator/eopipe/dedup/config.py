@@ -48,6 +48,7 @@ class WorkerConfig:
     consume_batch: int = 5_000              # records per consume() call at most
     memory_mb: int = 256                    # RocksDB block cache + memtables, whole process
     metadata_refresh_seconds: float = 10.0  # how often the source partition count is re-read
+    handoff_timeout_seconds: float = float(os.environ.get("EOPIPE_HANDOFF_TIMEOUT_SECONDS", "120"))
     kafka_config: dict[str, str] = field(default_factory=dict)  # extra client settings (security)
 
     def __post_init__(self) -> None:
@@ -85,13 +86,21 @@ class WorkerConfig:
     def segment_ms(self) -> int:
         return max(1, self.window_ms // self.segments)
 
-    def current_assignment(self) -> tuple[int, tuple[int, ...]]:
-        """(generation, owned partitions). The operator's file is an eopipe.assignment JSON; a
-        pod missing from it owns nothing (it may be about to be scaled away)."""
+    @property
+    def me(self) -> str:
+        return self.pod_name or "local"
+
+    def read_assignment(self) -> Assignment:
+        """The operator's file (an eopipe.assignment JSON; a pod missing from it owns nothing:
+        it may be about to be scaled away), or the fixed --partitions as generation 0."""
         if self.partitions is not None:
-            return 0, tuple(self.partitions)
-        a = Assignment.from_json(json.loads(self.assignment_file.read_text()))
-        return a.generation, tuple(a.partitions_of(self.pod_name))
+            return Assignment(0, {p: self.me for p in self.partitions})
+        return Assignment.from_json(json.loads(self.assignment_file.read_text()))
+
+    def current_assignment(self) -> tuple[int, tuple[int, ...]]:
+        """(generation, owned partitions)."""
+        a = self.read_assignment()
+        return a.generation, tuple(a.partitions_of(self.me))
 
 
 def default_http_host() -> str:

@@ -3,7 +3,9 @@
     /healthz   200 while the worker's control loop is alive
     /readyz    200 once every owned partition finished recovery and is running; else 503
     /metrics   Prometheus text format
-    /status    JSON: assignment, per-partition state, offsets, state size, memory
+    /status    JSON: assignment, per-partition state, offsets, state size, memory, handoffs
+    /snapshots/<p>           a released partition's packed state (DESIGN.md section 4)
+    /reshard/<id>/<p>/<q>    keys of old partition p whose new home is q
 """
 
 from __future__ import annotations
@@ -51,12 +53,15 @@ class Metrics:
         self.memory = Gauge("eopipe_dedup_rocksdb_memory_bytes", "RocksDB shared memory", ["kind"], registry=r)
 
 
-STATES = ("starting", "recovering", "running", "stopping", "stopped", "fenced", "failed")
+STATES = ("starting", "fetching", "recovering", "importing", "running", "stopping", "stopped", "fenced", "failed")
 
 
 class HttpServer:
     def __init__(self, host: str, port: int, metrics: Metrics, status: Callable[[], dict],
-                 ready: Callable[[], bool], alive: Callable[[], bool]):
+                 ready: Callable[[], bool], alive: Callable[[], bool],
+                 files: Callable[[str, str], tuple | None] | None = None):
+        """`files(path, query)` serves the state-transfer paths: (code, headers, body) where
+        body is bytes or a Path streamed from disk; None -> 404."""
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -72,6 +77,8 @@ class HttpServer:
                     outer._send(self, 200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
                 elif path == "/status":
                     outer._send(self, 200, json.dumps(status(), default=str).encode(), "application/json")
+                elif files is not None and (res := files(path, self.path.partition("?")[2])) is not None:
+                    outer._send_file(self, *res)
                 else:
                     outer._send(self, 404, b"not found\n", "text/plain")
 
@@ -88,6 +95,30 @@ class HttpServer:
         handler.send_response(code)
         handler.send_header("Content-Type", ctype)
         handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    @staticmethod
+    def _send_file(handler, code: int, headers: dict, body) -> None:
+        from pathlib import Path
+
+        if isinstance(body, Path):
+            size = body.stat().st_size
+            handler.send_response(code)
+            handler.send_header("Content-Type", "application/octet-stream")
+            handler.send_header("Content-Length", str(size))
+            for k, v in headers.items():
+                handler.send_header(k, str(v))
+            handler.end_headers()
+            with open(body, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    handler.wfile.write(chunk)
+            return
+        handler.send_response(code)
+        handler.send_header("Content-Type", "application/octet-stream" if code == 200 else "text/plain")
+        handler.send_header("Content-Length", str(len(body)))
+        for k, v in headers.items():
+            handler.send_header(k, str(v))
         handler.end_headers()
         handler.wfile.write(body)
 

@@ -35,6 +35,10 @@ MAX_SKEW_MS = 60_000
 _META_APPLIED = b"applied_offset"
 _META_WATERMARK = b"watermark_ms"
 _META_COVERED = b"covered_since_ms"
+# The source partition count this partition's keys are complete for (set after a re-shard
+# import; absent in stores that never went through one) and the last re-shard imported.
+_META_NPARTS = b"partition_count"
+_META_RESHARD = b"reshard_id"
 _SEG_PREFIX = "seg-"
 _I64 = struct.Struct(">q")
 
@@ -160,6 +164,8 @@ class PartitionStore:
         self.applied_offset: int | None = _dec(self._db.get(_META_APPLIED))
         self.watermark_ms: int | None = _dec(self._db.get(_META_WATERMARK))
         self.covered_since_ms: int | None = _dec(self._db.get(_META_COVERED))
+        self.partition_count: int | None = _dec(self._db.get(_META_NPARTS))
+        self.reshard_id: int | None = _dec(self._db.get(_META_RESHARD))
         self._closed = False
 
     # -- reads ----------------------------------------------------------------------------
@@ -180,14 +186,25 @@ class PartitionStore:
     def segment_starts(self) -> list[int]:
         return sorted(self._segments)
 
+    def iter_keys(self):
+        """(segment start ms, key) for every key of every live segment."""
+        for start in sorted(self._segments):
+            it = self._segments[start].iter()
+            it.seek_to_first()
+            while it.valid():
+                yield start, it.key()
+                it.next()
+
     # -- writes ---------------------------------------------------------------------------
     def _oldest_live_start(self, watermark: int) -> int:
         cut = watermark - self.parent.window_ms
         return (cut // self.parent.segment_ms) * self.parent.segment_ms
 
-    def apply(self, entries: dict[bytes, int] | Iterable[tuple[bytes, int]], applied_offset: int,
-              *, covered_since_ms: int | None = None, now_ms: int | None = None) -> None:
-        """Atomically adds keys (key -> event time ms) and sets applied_offset.
+    def apply(self, entries: dict[bytes, int] | Iterable[tuple[bytes, int]], applied_offset: int | None,
+              *, covered_since_ms: int | None = None, now_ms: int | None = None,
+              partition_count: int | None = None, reshard_id: int | None = None) -> None:
+        """Atomically adds keys (key -> event time ms) and sets applied_offset (None: keep it;
+        a re-shard import adds keys without moving the offset) and the re-shard meta.
 
         Then drops the segments that fell out of the window."""
         items = entries.items() if isinstance(entries, dict) else entries
@@ -214,13 +231,23 @@ class PartitionStore:
             h = self._handle(start)
             for k in keys:
                 wb.put(k, b"", h)
-        wb.put(_META_APPLIED, _enc(applied_offset))
+        if applied_offset is not None:
+            wb.put(_META_APPLIED, _enc(applied_offset))
+        if partition_count is not None:
+            wb.put(_META_NPARTS, _enc(partition_count))
+        if reshard_id is not None:
+            wb.put(_META_RESHARD, _enc(reshard_id))
         if wm is not None:
             wb.put(_META_WATERMARK, _enc(wm))
         if covered_since_ms is not None:
             wb.put(_META_COVERED, _enc(covered_since_ms))
         self._db.write(wb)
-        self.applied_offset = applied_offset
+        if applied_offset is not None:
+            self.applied_offset = applied_offset
+        if partition_count is not None:
+            self.partition_count = partition_count
+        if reshard_id is not None:
+            self.reshard_id = reshard_id
         self.watermark_ms = wm
         if covered_since_ms is not None:
             self.covered_since_ms = covered_since_ms

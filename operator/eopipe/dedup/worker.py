@@ -25,6 +25,7 @@ RocksDB write; `crash_after_commit:p=0.05` does so with that probability per com
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import os
 import queue
@@ -39,6 +40,8 @@ from confluent_kafka import (TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Kafk
 from confluent_kafka.admin import AdminClient
 
 from eopipe import partitioner as partitioners
+from eopipe.assignment import Assignment, era_count
+from eopipe.dedup import migrate
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.http import STATES, Heartbeat, HttpServer, Metrics
 from eopipe.dedup.logs import event
@@ -97,6 +100,11 @@ class FaultHook:
                   fault=self.kind, partition=partition, commits=self._count)
             logging.shutdown()
             os._exit(137)
+
+
+def tarfile_error():
+    import tarfile
+    return tarfile.TarError
 
 
 class Fenced(Exception):
@@ -180,6 +188,8 @@ class PartitionRunner(threading.Thread):
         self.store = None
         self._calls = None          # single-thread executor for transactional calls
         self._wedged = False
+        self.migration: dict = {}   # how p's state got here (handoff / re-shard), for /status
+        self.started_at_ms = int(time.time() * 1000)
         m = worker.metrics
         lbl = str(partition)
         self.m_consumed = m.consumed.labels(lbl)
@@ -203,10 +213,13 @@ class PartitionRunner(threading.Thread):
 
     def run(self) -> None:
         try:
+            self._take_over()
             self._open_clients()
             self._recover()
+            self._reshard()
             self._publish_stats()
             self._set_state("running")
+            self._migrated()
             event(log, INFO, "partition running", partition=self.p, committed=self.committed,
                   **self.recovery)
             self._loop()
@@ -326,9 +339,16 @@ class PartitionRunner(threading.Thread):
         lo, hi = self._retry("watermarks", lambda: self.consumer.get_watermark_offsets(tp, timeout=30))
         store = self.store = self.w.store.open(self.p)
         applied = store.applied_offset
+        count = self.w.home_count()
+        rs = self.w.assignment.reshard
+        # A store complete for another partition count is stale (it missed a re-shard), unless
+        # it is exactly the state the running re-shard is about to export and import into.
+        stale = (store.partition_count is not None and store.partition_count != count
+                 and not (rs and store.partition_count == rs["from"] and store.reshard_id != rs["id"]))
         action, replayed = "none", 0
-        if committed < 0:
-            # Nothing was ever committed for p: a new pipeline (or the group's offsets expired).
+        if committed < 0 and not stale:
+            # Nothing was ever committed for p: a new pipeline, a new partition (or the group's
+            # offsets expired).
             start = lo
             if applied is not None and applied != lo:
                 self.w.store.drop(self.p)
@@ -336,8 +356,9 @@ class PartitionRunner(threading.Thread):
                 action = "reset"
             store.apply({}, start)
             committed = start
-        elif applied is None or applied > committed:
+        elif applied is None or applied > committed or stale:
             action = "rebuild"
+            committed = max(committed, lo) if committed >= 0 else lo
             replayed = self._rebuild(committed, lo)
         elif applied < committed:
             action = "replay"
@@ -345,6 +366,9 @@ class PartitionRunner(threading.Thread):
         if committed < lo:
             event(log, ERROR, "records were deleted by retention before they were processed",
                   partition=self.p, committed=committed, log_start=lo)
+        if not (rs and self.p < rs["to"] and self.store.reshard_id != rs["id"]) or action == "rebuild":
+            # The keys are complete for the current count (a re-shard import sets it later).
+            self.store.apply({}, None, partition_count=count)
         self.committed = committed
         self._assign(committed)
         secs = time.monotonic() - t0
@@ -367,32 +391,59 @@ class PartitionRunner(threading.Thread):
                 event(log, WARNING, "retrying", partition=self.p, call=what, error=str(e.args[0]))
                 time.sleep(1)
 
+    def _window_start(self, partition: int, lo: int, end: int) -> int:
+        since = int(time.time() * 1000) - self.cfg.window_ms - self.cfg.segment_ms
+        off = self._retry("offsets_for_times", lambda: self.consumer.offsets_for_times(
+            [TopicPartition(self.cfg.source_topic, partition, since)], timeout=30)[0].offset)
+        return end if off < 0 else min(max(off, lo), end)
+
     def _rebuild(self, committed: int, lo: int) -> int:
-        """The store is missing or ahead of Kafka: rebuild it over the window from the source."""
+        """The store is missing, ahead of Kafka or stale: rebuild it over the window from the
+        source. After a re-shard within the window, keys that now belong to p may have been
+        deduplicated in other partitions before it: those partitions' history (below their
+        re-shard boundary, records they processed at home) is scanned too."""
         self.w.store.drop(self.p)
         self.store = self.w.store.open(self.p)
         self.w.metrics.rebuilds.labels(str(self.p)).inc()
-        since = int(time.time() * 1000) - self.cfg.window_ms - self.cfg.segment_ms
-        off = self._retry("offsets_for_times", lambda: self.consumer.offsets_for_times(
-            [TopicPartition(self.cfg.source_topic, self.p, since)], timeout=30)[0].offset)
-        start = committed if off < 0 else min(max(off, lo), committed)
-        # If retention already removed part of the window, say so: the effective window shrinks.
+        start = self._window_start(self.p, lo, committed)
         partial = lo > 0 and start == lo
+        reshards = self.w.assignment.reshards
+        count = self.w.home_count()
+        bounds: dict[int, int] = {}
+        for r in reshards:
+            for q, o in (r.get("offsets") or {}).items():
+                if int(q) != self.p:
+                    bounds[int(q)] = max(bounds.get(int(q), 0), int(o))
         event(log, WARNING, "rebuilding dedup state from the source topic", partition=self.p,
-              start=start, end=committed, since_ms=since)
-        return self._replay(start, committed, partial_coverage=partial)
+              start=start, end=committed, other_partitions=sorted(bounds))
+        n = 0
+        for q, bound in sorted(bounds.items()):
+            qlo, _ = self._retry("watermarks", lambda: self.consumer.get_watermark_offsets(
+                TopicPartition(self.cfg.source_topic, q), timeout=30))
+            qstart = self._window_start(q, qlo, bound)
+            n += self._scan(q, qstart, bound, applied=None, target=self.p, target_count=count)
+        return n + self._replay(start, committed, partial_coverage=partial)
 
     def _replay(self, start: int, end: int, partial_coverage: bool = False) -> int:
-        """Inserts the keys of [start, end) whose home is p, producing nothing: every record
-        below the committed offset was already emitted, dropped as a duplicate or rerouted."""
+        """Inserts the keys of [start, end) that p deduplicated (home p by the partition count
+        of that time), producing nothing: every record below the committed offset was already
+        emitted, dropped as a duplicate or rerouted."""
+        return self._scan(self.p, start, end, applied=end, partial_coverage=partial_coverage)
+
+    def _scan(self, partition: int, start: int, end: int, *, applied: int | None,
+              target: int | None = None, target_count: int | None = None,
+              partial_coverage: bool = False) -> int:
         store = self.store
         if start >= end:
-            store.apply({}, end)
+            store.apply({}, applied)
             return 0
-        event(log, INFO, "replaying source into state", partition=self.p, start=start, end=end)
-        self._assign(start)
+        event(log, INFO, "replaying source into state", partition=self.p, source_partition=partition,
+              start=start, end=end)
+        self.consumer.assign([TopicPartition(self.cfg.source_topic, partition, start)])
         home = partitioners.get(self.cfg.partitioner)
         spec = self.cfg.key_spec
+        reshards = self.w.assignment.reshards
+        current = self.w.home_count()
         entries: dict[bytes, int] = {}
         covered_since = None
         n = 0
@@ -406,8 +457,7 @@ class PartitionRunner(threading.Thread):
             if msgs:
                 idle_deadline = time.monotonic() + 120
             elif time.monotonic() > idle_deadline:
-                raise RuntimeError(f"replay of partition {self.p} stalled at offset {last + 1} < {end}")
-            nparts = self.w.source.partitions
+                raise RuntimeError(f"replay of partition {partition} stalled at offset {last + 1} < {end}")
             for m in msgs:
                 err = m.error()
                 if err is not None:
@@ -428,14 +478,154 @@ class PartitionRunner(threading.Thread):
                     k = extract(spec, m.key(), m.value(), m.headers())
                 except MalformedRecord:
                     continue
-                if home(k, nparts) != self.p:
+                cnt = era_count(reshards, partition, off, current) if reshards else current
+                if home(k, cnt) != partition:
+                    continue  # rerouted, not deduplicated here
+                if target is not None and home(k, target_count) != target:
                     continue
                 entries[k] = ts if ts_type != TIMESTAMP_NOT_AVAILABLE else 0
             if len(entries) >= REPLAY_FLUSH_KEYS:
-                store.apply(entries, last + 1, covered_since_ms=covered_since)
+                store.apply(entries, last + 1 if applied is not None else None,
+                            covered_since_ms=covered_since)
                 entries = {}
-        store.apply(entries, end, covered_since_ms=covered_since)
+        store.apply(entries, applied, covered_since_ms=covered_since)
         return n
+
+    # -- handoff and re-shard (DESIGN.md section 4) ----------------------------------------------
+    def _take_over(self) -> None:
+        """If p is being handed to this pod, fetch the old owner's snapshot and install it as
+        p's store. Any failure leaves the store missing, so recovery rebuilds it: slower, never
+        wrong. Runs before the store is opened and before init_transactions."""
+        a = self.w.assignment
+        ho = a.handoffs.get(self.p)
+        me = self.cfg.me
+        if not ho or ho.get("from") in (None, me):
+            return
+        rec = self.w.migration_record(self.p)
+        if self.w.store.exists(self.p):
+            if rec and rec.get("generation") == a.generation:
+                self.migration = {**rec, "restarted": True}
+            else:
+                self.migration = {"method": "local", "generation": a.generation, "from": ho.get("from")}
+            return
+        self._set_state("fetching")
+        t0 = time.monotonic()
+        url = f"{ho['url'].rstrip('/')}/snapshots/{self.p}?generation={a.generation}"
+        tmp = self.w.store.root / "snapshots" / f"incoming-{self.p}.tar"
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        self.migration = {"generation": a.generation, "from": ho.get("from")}
+        try:
+            facts = migrate.fetch_with_retries(
+                url, tmp, deadline=time.monotonic() + self.cfg.handoff_timeout_seconds,
+                should_stop=self._halt.is_set,
+                on_retry=lambda e: event(log, INFO, "snapshot not available yet; retrying",
+                                         partition=self.p, error=str(e)))
+            migrate.install_snapshot(tmp, self.w.store, self.p)
+            stopped = facts.get(migrate.H_STOPPED)
+            self.migration.update(method="snapshot", bytes=facts["bytes"], sha256=facts["sha256"],
+                                  fetch_ms=int((time.monotonic() - t0) * 1000),
+                                  stopped_at_ms=int(stopped) if stopped else None)
+            event(log, INFO, "snapshot installed", partition=self.p, bytes=facts["bytes"],
+                  source=ho.get("from"), fetch_ms=self.migration["fetch_ms"])
+        except (migrate.TransferError, OSError, tarfile_error()) as e:
+            if self._halt.is_set():
+                raise Stopping() from None
+            self.w.store.drop(self.p)
+            self.migration.update(method="rebuild", bytes=0, reason=str(e)[:300])
+            event(log, WARNING, "snapshot transfer failed: rebuilding from the source topic",
+                  partition=self.p, source=ho.get("from"), error=str(e))
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _reshard(self) -> None:
+        """During a re-shard (N -> N2, all partitions were paused first): export the keys of
+        this old partition whose home moved, then import the keys that moved into p from every
+        old partition's owner. p runs only once its state is complete for N2."""
+        a = self.w.assignment
+        rs = a.reshard
+        if not rs:
+            return
+        rid, frm, to = int(rs["id"]), int(rs["from"]), int(rs["to"])
+        store = self.store
+        home = partitioners.get(self.cfg.partitioner)
+        root = self.w.store.root
+        if self.p < frm and migrate.read_export_manifest(root, rid, self.p) is None:
+            # A store rebuilt just now holds keys by the new count only: say so, and the
+            # importers rebuild their partitions instead of trusting this export.
+            missing = self.recovery.get("recovery") == "rebuild"
+            man = migrate.write_exports(root, rid, self.p, store.iter_keys(), home, to, missing=missing)
+            event(log, INFO, "re-shard export written", partition=self.p, reshard=rid, missing=missing,
+                  targets={q: t["keys"] for q, t in man["targets"].items()})
+        if store.reshard_id == rid or self.p >= to:
+            return
+        t0 = time.monotonic()
+        if self.recovery.get("recovery") == "rebuild":
+            store.apply({}, None, partition_count=to, reshard_id=rid)
+            self.migration = {"method": "rebuild", "reshard": rid, "keys": 0, "bytes": 0}
+            return
+        self._set_state("importing")
+        deadline = time.monotonic() + self.cfg.handoff_timeout_seconds
+        entries: list[tuple[bytes, int]] = []
+        nbytes = 0
+        try:
+            for src in range(frm):
+                if src == self.p:
+                    continue
+                owner = a.owners.get(src)
+                if owner == self.cfg.me:
+                    man = None
+                    while man is None:
+                        man = migrate.read_export_manifest(root, rid, src)
+                        if man is None:
+                            if time.monotonic() > deadline or self._halt.is_set():
+                                raise migrate.TransferError(f"own export of {src} not written")
+                            time.sleep(0.2)
+                    if man.get("missing"):
+                        raise migrate.TransferError(f"export of {src} unavailable", final=True)
+                    f = migrate.export_dir(root, rid, src) / f"to-{self.p}.bin"
+                    data = f.read_bytes() if f.exists() else b""
+                else:
+                    url = (rs.get("peers") or {}).get(owner)
+                    if not url:
+                        raise migrate.TransferError(f"no address for {owner}, owner of {src}", final=True)
+                    tmp = root / "reshard" / f"incoming-{self.p}-{src}.bin"
+                    tmp.parent.mkdir(parents=True, exist_ok=True)
+                    try:
+                        migrate.fetch_with_retries(f"{url.rstrip('/')}/reshard/{rid}/{src}/{self.p}", tmp,
+                                                   deadline=deadline, should_stop=self._halt.is_set)
+                        data = tmp.read_bytes()
+                    finally:
+                        tmp.unlink(missing_ok=True)
+                nbytes += len(data)
+                entries.extend(migrate.parse_export(data))
+        except migrate.TransferError as e:
+            if self._halt.is_set():
+                raise Stopping() from None
+            event(log, WARNING, "re-shard import failed: rebuilding from the source topic",
+                  partition=self.p, reshard=rid, error=str(e))
+            lo, _ = self._retry("watermarks", lambda: self.consumer.get_watermark_offsets(
+                TopicPartition(self.cfg.source_topic, self.p), timeout=30))
+            self._rebuild(self.committed, lo)
+            self.store.apply({}, None, partition_count=to, reshard_id=rid)
+            self._assign(self.committed)
+            self.migration = {"method": "rebuild", "reshard": rid, "reason": str(e)[:300]}
+            return
+        store.apply(entries, None, partition_count=to, reshard_id=rid)
+        self.migration = {"method": "reshard-import", "reshard": rid, "keys": len(entries),
+                          "bytes": nbytes, "import_ms": int((time.monotonic() - t0) * 1000)}
+        event(log, INFO, "re-shard import done", partition=self.p, reshard=rid, keys=len(entries),
+              bytes=nbytes)
+
+    def _migrated(self) -> None:
+        if not self.migration:
+            return
+        now = int(time.time() * 1000)
+        if "pause_ms" not in self.migration:
+            since = self.migration.get("stopped_at_ms") or self.started_at_ms
+            self.migration["pause_ms"] = max(0, now - since)
+        self.migration["generation"] = self.w.assignment.generation
+        self.migration["running_at_ms"] = now
+        self.w.save_migration_record(self.p, self.migration)
 
     # -- steady state ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -489,7 +679,7 @@ class PartitionRunner(threading.Thread):
         src = cfg.source_topic
         spec = cfg.key_spec
         home = partitioners.get(cfg.partitioner)
-        nparts = self.w.source.partitions
+        nparts = self.w.home_count()
         produce = self.producer.produce
         pending = self._pending
         candidates = []
@@ -640,7 +830,7 @@ class PartitionRunner(threading.Thread):
 
     def status(self) -> dict:
         return {"state": self.state, "error": self.error, "committed": self.committed,
-                "lag": self.lag, "recovery": self.recovery,
+                "lag": self.lag, "recovery": self.recovery, "migration": self.migration or None,
                 "store": getattr(self, "stats", None)}
 
 
@@ -660,25 +850,102 @@ class Worker:
         self.runners: dict[int, PartitionRunner] = {}
         self.generation: int | None = None
         self.owned: tuple[int, ...] = ()
+        self.assignment: Assignment = Assignment(-1)
+        self.released: dict[int, dict] = {}   # partitions handed off by this pod: snapshot manifests
+        self._stuck: list[PartitionRunner] = []
         self._halt = threading.Event()
         self._restart_at: dict[int, float] = {}
         self.http: HttpServer | None = None
 
+    def home_count(self) -> int:
+        """The partition count of the home check: the one the operator published (never a
+        newer one read from metadata while a re-shard is in progress), else the topic's."""
+        return self.assignment.partition_count or self.source.partitions
+
+    def runnable(self) -> tuple[int, ...]:
+        return () if self.assignment.paused else self.owned
+
     # -- readiness / status ------------------------------------------------------------------
     def ready(self) -> bool:
         return (not self._halt.is_set() and self.generation is not None
-                and all(p in self.runners and self.runners[p].state == "running" for p in self.owned))
+                and all(p in self.runners and self.runners[p].state == "running" for p in self.runnable()))
+
+    def paused(self) -> bool:
+        """Told to pause, and nothing runs any more: the operator may change the partitions."""
+        return (self.assignment.paused and not any(r.is_alive() for r in self.runners.values())
+                and not any(r.is_alive() for r in self._stuck))
 
     def status(self) -> dict:
-        return {"pipeline": self.cfg.pipeline, "namespace": self.cfg.namespace,
+        return {"pipeline": self.cfg.pipeline, "namespace": self.cfg.namespace, "pod": self.cfg.me,
                 "generation": self.generation, "owned": list(self.owned),
+                "paused": self.paused(), "partition_count": self.home_count(),
                 "source_partitions": self.source.partitions,
                 "window_seconds": self.cfg.window_seconds, "ready": self.ready(),
                 "partitions": {p: r.status() for p, r in sorted(self.runners.items())},
+                "released": {p: {k: v for k, v in m.items()} for p, m in sorted(self.released.items())},
                 "memory": self.store.memory()}
 
     def request_stop(self, *_args) -> None:
         self._halt.set()
+
+    # -- migration records (survive a restart of the new owner) ----------------------------------
+    def _migration_path(self, p: int):
+        return self.store.root / "migrations" / f"p-{p}.json"
+
+    def migration_record(self, p: int) -> dict | None:
+        try:
+            return json.loads(self._migration_path(p).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def save_migration_record(self, p: int, rec: dict) -> None:
+        path = self._migration_path(p)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rec, default=str))
+        os.replace(tmp, path)
+
+    # -- state transfer endpoints ---------------------------------------------------------------
+    def files(self, path: str, query: str):
+        parts = path.strip("/").split("/")
+        try:
+            if parts[0] == "snapshots" and len(parts) == 2:
+                return self._snapshot_response(int(parts[1]), query)
+            if parts[0] == "reshard" and len(parts) == 4:
+                return self._export_response(int(parts[1]), int(parts[2]), int(parts[3]))
+        except ValueError:
+            return 400, {}, b"bad request\n"
+        return None
+
+    def _snapshot_response(self, p: int, query: str):
+        want = 0
+        for kv in query.split("&"):
+            k, _, v = kv.partition("=")
+            if k == "generation" and v.isdigit():
+                want = int(v)
+        man = self.released.get(p) or migrate.read_snapshot_manifest(self.store.root, p)
+        if man is not None and (p not in self.owned):
+            tar_path, _ = migrate.snapshot_paths(self.store.root, p)
+            return 200, {migrate.H_SHA: man["sha256"], migrate.H_APPLIED: man.get("applied_offset"),
+                         migrate.H_STOPPED: man.get("stopped_at_ms"), migrate.H_KEYS: man.get("keys")}, tar_path
+        if (self.generation or 0) < want or p in self.owned or p in self.runners:
+            return 503, {"Retry-After": "1"}, b"not released yet\n"
+        ho = self.assignment.handoffs.get(p)
+        if ho and ho.get("from") == self.cfg.me and self.store.exists(p):
+            return 503, {"Retry-After": "1"}, b"snapshot being prepared\n"
+        return 404, {}, b"no state for this partition here\n"
+
+    def _export_response(self, rid: int, p: int, q: int):
+        man = migrate.read_export_manifest(self.store.root, rid, p)
+        if man is None:
+            return 503, {"Retry-After": "1"}, b"export not written yet\n"
+        if man.get("missing"):
+            return 410, {}, b"state of this partition was rebuilt; rebuild instead\n"
+        t = man["targets"].get(str(q))
+        if t is None:
+            return 200, {migrate.H_SHA: "", migrate.H_KEYS: 0}, b""
+        return 200, {migrate.H_SHA: t["sha256"], migrate.H_KEYS: t["keys"]}, \
+            migrate.export_dir(self.store.root, rid, p) / f"to-{q}.bin"
 
     # -- control loop -----------------------------------------------------------------------
     def run(self) -> int:
@@ -686,7 +953,7 @@ class Worker:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         self.http = HttpServer(cfg.http_host, cfg.http_port, self.metrics, self.status, self.ready,
-                               self.heartbeat.alive)
+                               self.heartbeat.alive, files=self.files)
         self.http.start()
         event(log, INFO, "dedup worker starting", pipeline=cfg.pipeline, namespace=cfg.namespace,
               source=cfg.source_topic, output=cfg.output_topic, dlq=cfg.dlq_topic,
@@ -727,22 +994,31 @@ class Worker:
 
     def _follow_assignment(self) -> None:
         try:
-            generation, owned = self.cfg.current_assignment()
-        except (OSError, ValueError) as e:
+            a = self.cfg.read_assignment()
+        except (OSError, ValueError, KeyError, TypeError) as e:
             if self.generation is None:
                 event(log, WARNING, "assignment not readable yet", error=str(e))
             return
-        if generation != self.generation or owned != self.owned:
-            event(log, INFO, "assignment", generation=generation, partitions=list(owned),
-                  previous=list(self.owned))
-            self.generation, self.owned = generation, owned
-            self.metrics.generation.set(generation)
+        owned = tuple(a.partitions_of(self.cfg.me))
+        if a != self.assignment:
+            event(log, INFO, "assignment", generation=a.generation, partitions=list(owned),
+                  previous=list(self.owned), paused=a.paused, partition_count=a.partition_count,
+                  handoffs=sorted(a.handoffs), reshard=a.reshard)
+            self.assignment, self.generation, self.owned = a, a.generation, owned
+            self.metrics.generation.set(a.generation)
             self.metrics.owned.set(len(owned))
-        for p in [p for p in self.runners if p not in self.owned]:
+        runnable = self.runnable()
+        stopped: dict[int, int] = {}
+        for p in [p for p in self.runners if p not in runnable]:
             r = self.runners.pop(p)
             r.stop()
             r.join(60)
-        for p in self.owned:
+            if r.is_alive():
+                self._stuck.append(r)
+            stopped[p] = int(time.time() * 1000)
+        self._stuck = [r for r in self._stuck if r.is_alive()]
+        self._release(a, owned, stopped)
+        for p in runnable:
             r = self.runners.get(p)
             if r is None:
                 self._start(p)
@@ -753,6 +1029,44 @@ class Worker:
                     self._restart_at.pop(p, None)
                     event(log, WARNING, "restarting failed partition", partition=p, error=r.error)
                     self._start(p)
+
+    def _release(self, a: Assignment, owned: tuple[int, ...], stopped: dict[int, int]) -> None:
+        """Handed-off partitions: snapshot and serve them, then drop the local store. Stores of
+        partitions this pod neither owns nor hands off are stale: dropped."""
+        me = self.cfg.me
+        if self.cfg.partitions is not None:
+            return  # fixed ownership (tests, local runs): nothing moves
+        busy = set(self.runners) | {r.p for r in self._stuck}
+        for p in self.store.partitions_on_disk():
+            if p in owned or p in busy:
+                continue
+            ho = a.handoffs.get(p)
+            if ho and ho.get("from") == me:
+                if migrate.read_snapshot_manifest(self.store.root, p) is None:
+                    t0 = time.monotonic()
+                    try:
+                        man = migrate.make_snapshot(self.store, p, generation=a.generation,
+                                                    stopped_at_ms=stopped.get(p, int(time.time() * 1000)))
+                    except Exception as e:  # noqa: BLE001 - the new owner rebuilds
+                        event(log, ERROR, "snapshot failed; the new owner will rebuild", partition=p,
+                              error=str(e))
+                        continue
+                    event(log, INFO, "partition released: snapshot ready", partition=p, to=a.owners.get(p),
+                          bytes=man["bytes"], applied_offset=man["applied_offset"], keys=man["keys"],
+                          snapshot_ms=int((time.monotonic() - t0) * 1000))
+            self.store.drop(p)
+        # Serve what is on disk for the handoffs from this pod; forget the rest.
+        for p in range(max([0, *a.handoffs, *self.released]) + 1):
+            ho = a.handoffs.get(p)
+            if ho and ho.get("from") == me and p not in owned:
+                man = migrate.read_snapshot_manifest(self.store.root, p)
+                if man is not None:
+                    self.released[p] = man
+            elif p in self.released or migrate.read_snapshot_manifest(self.store.root, p) is not None:
+                self.released.pop(p, None)
+                migrate.remove_snapshot(self.store.root, p)
+        keep = {int(a.reshard["id"])} if a.reshard else set()
+        migrate.cleanup_reshards(self.store.root, keep)
 
     def _start(self, p: int) -> None:
         r = self.runners[p] = PartitionRunner(self, p)

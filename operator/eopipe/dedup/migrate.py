@@ -1,0 +1,242 @@
+"""Moving dedup state between pods (DESIGN.md section 4): snapshots and re-shard exports.
+
+Handoff of partition p from pod A to pod B:
+    A stops p (commit, close), takes a RocksDB checkpoint of p's store, packs it as an
+    uncompressed tar under <state_dir>/snapshots/, and serves it at GET /snapshots/<p> with
+    Content-Length and X-Eopipe-Sha256 (plus the applied offset and when p stopped). B downloads
+    it (bounded retries and deadline), checks size and sha256, unpacks it as p's store and then
+    runs the normal recovery (replay of [applied, committed), init_transactions fences A).
+    Any failure (A gone, 404, bad checksum, timeout) -> B rebuilds p from the source topic.
+
+Re-shard of a partition increase N -> N2 (all owners paused first):
+    the owner of each old partition p exports the keys whose home by partitioner(k) mod N2 is
+    not p, one file per target q under <state_dir>/reshard/<id>/p-<p>/ (records: i64 segment
+    start ms, u32 length, key), with a manifest.json written last; served at
+    GET /reshard/<id>/<p>/<q>. The owner of q imports from every old partition's owner.
+
+Pure file and HTTP helpers only; the worker decides when to call them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+H_SHA = "X-Eopipe-Sha256"
+H_APPLIED = "X-Eopipe-Applied-Offset"
+H_STOPPED = "X-Eopipe-Stopped-At-Ms"
+H_KEYS = "X-Eopipe-Keys"
+_REC = struct.Struct(">qI")
+CHUNK = 1 << 20
+
+
+class TransferError(Exception):
+    """The state could not be fetched; `final` means retrying will not help (404, 410)."""
+
+    def __init__(self, msg: str, final: bool = False):
+        super().__init__(msg)
+        self.final = final
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, sort_keys=True))
+    os.replace(tmp, path)
+
+
+# -- snapshots --------------------------------------------------------------------------------
+def snapshot_paths(state_dir: Path, partition: int) -> tuple[Path, Path]:
+    d = Path(state_dir) / "snapshots"
+    return d / f"p-{partition}.tar", d / f"p-{partition}.json"
+
+
+def make_snapshot(store, partition: int, *, generation: int, stopped_at_ms: int) -> dict:
+    """Checkpoints the (closed) store of `partition`, packs it, writes the manifest last."""
+    tar_path, manifest_path = snapshot_paths(store.root, partition)
+    tar_path.parent.mkdir(parents=True, exist_ok=True)
+    ck = tar_path.parent / f"p-{partition}.checkpoint"
+    shutil.rmtree(ck, ignore_errors=True)
+    ps = store.open(partition)
+    try:
+        stats = ps.stats()
+        applied = ps.applied_offset
+        ps.checkpoint(ck)
+    finally:
+        store.close_partition(partition)
+    with tarfile.open(tar_path, "w") as tf:
+        for f in sorted(ck.iterdir()):
+            tf.add(f, arcname=f.name)
+    shutil.rmtree(ck, ignore_errors=True)
+    manifest = {"partition": partition, "generation": generation, "applied_offset": applied,
+                "bytes": tar_path.stat().st_size, "sha256": sha256_file(tar_path),
+                "keys": stats["keys"], "stopped_at_ms": stopped_at_ms,
+                "created_at_ms": int(time.time() * 1000)}
+    _write_json_atomic(manifest_path, manifest)
+    return manifest
+
+
+def read_snapshot_manifest(state_dir: Path, partition: int) -> dict | None:
+    tar_path, manifest_path = snapshot_paths(state_dir, partition)
+    try:
+        doc = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if tar_path.exists() else None
+
+
+def remove_snapshot(state_dir: Path, partition: int) -> None:
+    for p in snapshot_paths(state_dir, partition):
+        p.unlink(missing_ok=True)
+
+
+def _get(url: str, timeout: float):
+    try:
+        return urllib.request.urlopen(url, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        if e.code in (404, 410):
+            raise TransferError(f"{url}: HTTP {e.code}", final=True) from None
+        raise TransferError(f"{url}: HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise TransferError(f"{url}: {getattr(e, 'reason', e)}") from None
+
+
+def download(url: str, dest: Path, *, timeout: float = 30) -> dict:
+    """GETs url into dest; checks Content-Length and sha256. Returns the headers' facts."""
+    with _get(url, timeout) as r:
+        size = int(r.headers.get("Content-Length", "-1"))
+        want = r.headers.get(H_SHA)
+        h = hashlib.sha256()
+        got = 0
+        with open(dest, "wb") as f:
+            while True:
+                chunk = r.read(CHUNK)
+                if not chunk:
+                    break
+                f.write(chunk)
+                h.update(chunk)
+                got += len(chunk)
+        facts = {k: r.headers.get(k) for k in (H_APPLIED, H_STOPPED, H_KEYS)}
+    if size >= 0 and got != size:
+        raise TransferError(f"{url}: got {got} bytes, expected {size}")
+    if want and h.hexdigest() != want:
+        raise TransferError(f"{url}: sha256 mismatch (got {h.hexdigest()[:12]}, expected {want[:12]})")
+    return {"bytes": got, "sha256": h.hexdigest(), **facts}
+
+
+def fetch_with_retries(url: str, dest: Path, *, deadline: float, should_stop=lambda: False,
+                       on_retry=lambda err: None) -> dict:
+    """Retries transient failures (connection refused while A restarts, 503 while A prepares,
+    a checksum mismatch) until the monotonic deadline; 404/410 give up at once."""
+    delay = 0.2
+    while True:
+        if should_stop():
+            raise TransferError("stopping", final=True)
+        try:
+            return download(url, dest, timeout=max(1.0, min(60.0, deadline - time.monotonic())))
+        except TransferError as e:
+            if e.final or time.monotonic() + delay >= deadline:
+                raise
+            on_retry(e)
+        time.sleep(delay)
+        delay = min(delay * 1.5, 2.0)
+
+
+def install_snapshot(tar_path: Path, store, partition: int) -> None:
+    """Replaces partition's store with the snapshot's contents (the store must be closed)."""
+    target = store.path(partition)
+    staging = target.with_name(target.name + ".incoming")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    with tarfile.open(tar_path, "r") as tf:
+        for m in tf.getmembers():
+            if not m.isfile() or "/" in m.name or m.name.startswith("."):
+                raise TransferError(f"unexpected member {m.name!r} in snapshot", final=True)
+        tf.extractall(staging)  # members checked above: plain files, no paths
+    store.drop(partition)
+    os.replace(staging, target)
+
+
+# -- re-shard exports ---------------------------------------------------------------------------
+def export_dir(state_dir: Path, reshard_id: int, partition: int) -> Path:
+    return Path(state_dir) / "reshard" / str(reshard_id) / f"p-{partition}"
+
+
+def write_exports(state_dir: Path, reshard_id: int, partition: int, items, home, new_count: int,
+                  *, missing: bool = False) -> dict:
+    """Splits (segment start, key) items by home(key, new_count) != partition into one file per
+    target; the manifest (written last) marks the export complete."""
+    d = export_dir(state_dir, reshard_id, partition)
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    files: dict[int, object] = {}
+    counts: dict[int, int] = {}
+    scanned = 0
+    try:
+        if not missing:
+            for start, key in items:
+                scanned += 1
+                q = home(key, new_count)
+                if q == partition:
+                    continue
+                f = files.get(q)
+                if f is None:
+                    f = files[q] = open(d / f"to-{q}.bin", "wb")
+                f.write(_REC.pack(start, len(key)))
+                f.write(key)
+                counts[q] = counts.get(q, 0) + 1
+    finally:
+        for f in files.values():
+            f.close()
+    targets = {str(q): {"keys": counts[q], "bytes": (d / f"to-{q}.bin").stat().st_size,
+                        "sha256": sha256_file(d / f"to-{q}.bin")} for q in sorted(files)}
+    manifest = {"reshard": reshard_id, "partition": partition, "to": new_count, "missing": missing,
+                "scanned": scanned, "targets": targets}
+    _write_json_atomic(d / "manifest.json", manifest)
+    return manifest
+
+
+def read_export_manifest(state_dir: Path, reshard_id: int, partition: int) -> dict | None:
+    try:
+        return json.loads((export_dir(state_dir, reshard_id, partition) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def parse_export(data: bytes) -> list[tuple[bytes, int]]:
+    out = []
+    i, n = 0, len(data)
+    while i < n:
+        start, klen = _REC.unpack_from(data, i)
+        i += _REC.size
+        out.append((data[i:i + klen], start))
+        i += klen
+    return out
+
+
+def cleanup_reshards(state_dir: Path, keep: set[int]) -> None:
+    root = Path(state_dir) / "reshard"
+    if not root.exists():
+        return
+    for d in root.iterdir():
+        try:
+            rid = int(d.name)
+        except ValueError:
+            continue
+        if rid not in keep:
+            shutil.rmtree(d, ignore_errors=True)
