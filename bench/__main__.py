@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import dedup_vs_copy
+from bench import dedup_vs_copy, migration
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=200_000, help="records in the source (default 200000)")
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per contestant (default 2)")
+    ap.add_argument("--keys", type=int, default=1_000_000,
+                    help="keys in the partition handed off in the migration benchmark (default 1000000)")
     ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
     args = ap.parse_args(argv)
 
@@ -31,14 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     broker = KafkaBroker(work / "kafka")
     broker.start()
+    progress = lambda m: print(f"  bench: {m}", file=sys.stderr, flush=True)  # noqa: E731
     try:
         rows = dedup_vs_copy.bench(broker.bootstrap, work, records=args.records, rounds=args.rounds,
-                                   progress=lambda m: print(f"  bench: {m}", file=sys.stderr, flush=True))
+                                   progress=progress)
+        moves = migration.bench(broker.bootstrap, work / "migration", keys=args.keys, progress=progress)
     finally:
         broker.stop()
     print(dedup_vs_copy.table(rows))
+    print()
+    print(migration.table(moves))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.write_text(json.dumps({"dedup_vs_copy": rows, "migration": moves}, indent=2))
     return 0
 
 

@@ -21,6 +21,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewPartitions
 
 from eopipe.assignment import Assignment
+from tests.localenv.fixtures_operator import wait_for
 from tests.test_dedup_worker import (Pipeline, assert_clean, background_load, finish_load,  # noqa: F401
                                      pipe, recoveries)
 
@@ -34,14 +35,7 @@ def write_assignment(path, a: Assignment) -> None:
 
 
 def wait_until(fn, timeout=90, what="condition", interval=0.3):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out waiting for {what}: {last!r}")
+    return wait_for(fn, timeout, interval, what)
 
 
 def running_at(w, p, generation):
@@ -184,7 +178,6 @@ def test_worker_reshard_4_to_8_to_12_with_duplicates_spanning(pipe4):
 
 
 # == operator level: real control plane, node agent, Kafka, the operator as a process ==========
-from tests.localenv.fixtures_operator import wait_for  # noqa: E402
 from tests.test_operator import _apply, _condition, _get, _manifest  # noqa: E402
 
 
