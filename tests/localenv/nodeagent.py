@@ -89,6 +89,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from tests.localenv import daemon
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 log = logging.getLogger("eopipe.nodeagent")
@@ -1433,38 +1435,17 @@ class NodeAgent:
 
     def start(self, timeout: float = 60) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        ready = self.workdir / "ready"
-        ready.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "tests.localenv.nodeagent", "--kubeconfig", str(self.kubeconfig),
                "--workdir", str(self.workdir), "--node-name", self.node_name,
                "--parent-pid", str(os.getpid())]
         for p in self.extra_path:
             cmd += ["--extra-path", p]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        out = open(self.workdir / "nodeagent.out", "ab")
-        self.proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        out.close()
-        deadline = time.monotonic() + timeout
-        while not ready.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node agent exited with {self.proc.returncode}:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"node agent not ready after {timeout}s:\n{self.tail()}")
-            time.sleep(0.1)
+        self.proc = daemon.spawn(cmd, self.workdir, "nodeagent", timeout, self.tail, self.stop)
 
     def stop(self, timeout: float = 20) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        daemon.terminate(self.proc, timeout)
         kill_leftover_groups(self.workdir)
         self.proc = None
 

@@ -52,6 +52,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.localenv import daemon
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 IMAGE_PREFIX = "local:///opt/eopipe/"
@@ -359,38 +361,17 @@ class RunnerProcess:
 
     def start(self, timeout: float = 60) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        ready = self.workdir / "ready"
-        ready.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "tests.localenv.sparkrunner", "--kubeconfig", str(self.kubeconfig),
                "--workdir", str(self.workdir), "--parent-pid", str(os.getpid()),
                "--max-retry-interval", str(self.max_retry_interval)]
         if self.jars_dir:
             cmd += ["--jars", str(self.jars_dir)]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-        out = open(self.workdir / "sparkrunner.out", "ab")
-        self.proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        out.close()
-        deadline = time.monotonic() + timeout
-        while not ready.exists():
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"spark runner exited with {self.proc.returncode}:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"spark runner not ready after {timeout}s:\n{self.tail()}")
-            time.sleep(0.1)
+        self.proc = daemon.spawn(cmd, self.workdir, "sparkrunner", timeout, self.tail, self.stop)
 
     def stop(self, timeout: float = 30) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        daemon.terminate(self.proc, timeout)
         for pidfile in (self.workdir / "apps").glob("*/pid"):
             try:
                 os.killpg(int(pidfile.read_text().strip()), signal.SIGKILL)
