@@ -11,7 +11,8 @@ import random
 import pytest
 
 from eopipe.assignment import Assignment, assign, era_count, grow
-from eopipe.rebalance import Facts, PodFacts, step
+from eopipe.rebalance import Facts, PodFacts, pods, step
+from eopipe.status import merge_patch, rebalance_patch
 
 PREFIX = "p-dedup"
 
@@ -229,3 +230,110 @@ def test_era_count_and_grow():
     g = grow(8, ["a", "b", "c"], assign(4, ["a", "b", "c"]))
     assert all(g[p] == assign(4, ["a", "b", "c"])[p] for p in range(4))
     assert sorted(len([p for p in g if g[p] == x]) for x in "abc") == [2, 3, 3]
+
+
+# -- status as the API server keeps it -------------------------------------------------------------
+def apply_merge_patch(doc, patch):
+    """RFC 7386, as the API server applies the operator's status patches (merge-patch+json):
+    null removes a key, an object merges into an object, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(doc) if isinstance(doc, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = apply_merge_patch(out.get(k), v)
+    return out
+
+
+def run_operator(c, replicas, partitions, crashes=(), restart_ms=60_000, max_steps=80, settle=4):
+    """The reconciler's loop: every step is taken from status as stored (a new pass or a
+    restarted operator has nothing else), written ahead through the reconciler's patch, then
+    acted on. At the steps in `crashes` the operator is killed after the write, before acting,
+    and comes back `restart_ms` later. Runs until no rebalance is recorded, then `settle`
+    steps more. Returns the stored status, the rebalance ids ever recorded and the posted events."""
+    status, ids, events, idle = {}, [], [], 0
+    for i in range(max_steps):
+        rb = status.get("rebalance")
+        plan = step(c.facts(replicas, partitions), rb)
+        if plan.rebalance != rb or plan.last is not None:
+            status = apply_merge_patch(status, json.loads(json.dumps(
+                rebalance_patch(status, plan.rebalance, plan.last))))
+        if status.get("rebalance") and status["rebalance"]["id"] not in ids:
+            ids.append(status["rebalance"]["id"])
+        if i in crashes:
+            c.now += restart_ms
+            continue
+        events += plan.events
+        c.act(plan)
+        idle = idle + 1 if status.get("rebalance") is None and plan.rebalance is None else 0
+        if idle > settle:
+            return status, ids, events
+    raise AssertionError(f"no completion; status {status.get('rebalance')}")
+
+
+SCENARIOS = {"partitions 4 -> 8": ({"partitions": 4, "replicas": 3}, 3, 8),
+             "replicas 1 -> 3": ({"partitions": 4, "replicas": 1}, 3, 4),
+             "replicas 3 -> 2": ({"partitions": 6, "replicas": 3}, 2, 6)}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_killed_at_any_two_points_one_rebalance_recorded_as_last(name):
+    """Killed after any step's status write and before its actions (once, or twice), the
+    operator finishes the same rebalance from status, and nothing follows it: no second
+    (empty) rebalance, lastRebalance is the one that ran, the assignment is clean and stays."""
+    cluster, replicas, partitions = SCENARIOS[name]
+    _, _, base_events = run_operator(Cluster(**cluster), replicas, partitions)
+    n = len(base_events) + 8  # comfortably more steps than the rebalance takes
+    points = [()] + [(i,) for i in range(n)] + [(i, j) for i in range(n) for j in range(i + 1, n)]
+    for crashes in points:
+        c = Cluster(**cluster)
+        status, ids, events = run_operator(c, replicas, partitions, crashes=crashes)
+        last = status.get("lastRebalance")
+        assert len(ids) == 1 and last and last["id"] == ids[0], (crashes, ids, last)
+        kind = "partitions" if partitions != cluster["partitions"] else "replicas"
+        assert last["type"] == kind and last["toPartitions"] == partitions, (crashes, last)
+        assert last["toReplicas"] == replicas, (crashes, last)
+        if kind == "partitions":
+            assert set(last) >= {"keysMoved", "pauseMs"} and "partitionsMoved" not in last, (crashes, last)
+        started = [m for _, r, m in events if r == "RebalanceStarted"]
+        assert all(m.startswith(f"rebalance {ids[0]} ") for m in started), (crashes, started)
+        a = c.assignment
+        assert not (a.reshard or a.paused or a.handoffs) and a.partition_count == partitions, (crashes, a)
+        assert sorted(set(a.owners.values())) == pods(PREFIX, replicas)
+        still = step(c.facts(replicas, partitions), status.get("rebalance"))
+        assert still.rebalance is None and still.assignment == a and still.events == [], crashes
+
+
+def test_status_patch_replaces_the_recorded_rebalance_whole():
+    pausing = {"id": 2, "phase": "Pausing", "target": {"generation": 2, "paused": True, "assignments": {"a": [0]}},
+               "moves": {}}
+    resharding = {"id": 2, "phase": "Resharding", "moves": {"1": {"from": None, "to": "a"}},
+                  "target": {"generation": 3, "assignments": {"a": [0, 1]}, "reshard": {"id": 2}}}
+    final = {"id": 2, "phase": "Finalizing", "moves": {"1": {"to": "a", "done": True}},
+             "target": {"generation": 4, "assignments": {"a": [0, 1]}}}
+    status = {"lastRebalance": {"id": 1, "type": "replicas", "partitionsMoved": 2}}
+    for rb in (pausing, resharding, final):
+        status = apply_merge_patch(status, rebalance_patch(status, rb))
+        assert status["rebalance"] == json.loads(json.dumps(rb).replace('"from": null, ', ""))
+    last = {"id": 2, "type": "partitions", "keysMoved": 5}
+    status = apply_merge_patch(status, rebalance_patch(status, None, last))
+    assert status == {"lastRebalance": last}
+    assert merge_patch({"a": 1, "b": {"c": 1, "d": 2}}, {"b": {"c": 3}}) == {"b": {"c": 3, "d": None}, "a": None}
+
+
+@pytest.mark.parametrize("leftover", [{"reshard": {"id": 2, "from": 4, "to": 8, "peers": {}}},
+                                      {"paused": True}, {"handoffs": {1: {"from": "x", "url": "http://x"}}}])
+def test_a_leftover_with_nothing_to_move_is_cleaned_without_a_rebalance(leftover):
+    """No partition moves, no replica or partition change: not a rebalance (no RebalanceStarted,
+    lastRebalance kept), only the assignment published again without the leftover."""
+    c = Cluster(partitions=8, replicas=3)
+    c.assignment = c.assignment.with_(**leftover)
+    plan = step(c.facts(3, 8), None)
+    assert plan.rebalance is None and plan.last is None and plan.events == []
+    assert plan.assignment == c.assignment.with_(generation=c.assignment.generation + 1, reshard=None,
+                                                 paused=False, handoffs={})
+    c.act(plan)
+    again = step(c.facts(3, 8), None)
+    assert again.rebalance is None and again.assignment == c.assignment and again.events == []

@@ -16,7 +16,7 @@ from eopipe.builders.names import Names
 from eopipe.builders.topics import desired_topics
 from eopipe.kube import load_config
 from eopipe.reconcile import Reconciler
-from eopipe.status import merge_conditions, summarize
+from eopipe.status import merge_conditions, merge_patch, summarize
 from eopipe.topics import delete_topics
 
 RESYNC_SECONDS = float(os.environ.get("EOPIPE_RESYNC_SECONDS", "15"))
@@ -54,11 +54,11 @@ def _write_status(body, outcome, logger) -> dict:
                                   paused=bool((body.get("spec") or {}).get("paused")))
     generation = body["metadata"].get("generation", 0)
     merged = merge_conditions(old, conditions, generation)
-    status = {"observedGeneration": generation, "phase": phase, "conditions": merged, **outcome.fields}
-    if isinstance(status.get("assignment"), dict):
-        # A merge patch keeps keys it does not mention: pods scaled away must be removed.
-        gone = set(((body.get("status") or {}).get("assignment") or {})) - set(status["assignment"])
-        status["assignment"] = {**status["assignment"], **{pod: None for pod in gone}}
+    # A merge patch keeps keys it does not mention: each field replaces what was there whole
+    # (pods scaled away leave the assignment, a finished phase's keys leave the rebalance).
+    was = body.get("status") or {}
+    status = {"observedGeneration": generation, "phase": phase, "conditions": merged,
+              **{k: merge_patch(was.get(k), v) for k, v in outcome.fields.items()}}
     client.CustomObjectsApi(_reconciler().api).patch_namespaced_custom_object_status(
         *RESOURCE[:2], body["metadata"]["namespace"], RESOURCE[2], body["metadata"]["name"],
         {"status": status})

@@ -6,7 +6,8 @@ in Kafka, the published assignment, the StatefulSet's replicas, each dedup pod's
 publish, the StatefulSet replicas and the topic partition count to ensure, and events out.
 
 The reconciler persists `plan.rebalance` in the CR status BEFORE it acts (publishes the
-assignment, scales, creates partitions); every action is an idempotent "make it so" derived
+assignment, scales, creates partitions), replacing the recorded one whole (a status merge patch
+would keep the keys a later phase drops, eopipe.status.rebalance_patch); every action is an idempotent "make it so" derived
 from the recorded phase. So an operator killed at any point continues from status on its next
 pass: it re-applies the recorded phase's actions and re-checks its exit condition. It never
 starts over and never skips a step. Target assignments are computed once, stored in status
@@ -19,7 +20,8 @@ Replicas R -> R2:
         partition runs at its new owner (its /status at generation >= g+1). Record per move:
         method (snapshot | rebuild | local), bytes, pause ms.
     Finalizing: publish g+2 without handoffs; StatefulSet to R2 (the leaving pods own nothing
-        since g+1); wait until the leaving pods are gone and the rest report g+2.
+        since g+1); wait until g+2 is seen published, the leaving pods are gone and the rest
+        report g+2. Only then is the rebalance recorded done (lastRebalance).
 Partitions N -> N2:
     Pausing: publish g+1 = same owners, paused, partitionCount N; wait until every pod
         reports paused (all its partitions committed and stopped); then read the group's
@@ -30,7 +32,9 @@ Partitions N -> N2:
         export the keys whose home changed, import theirs, and resume partition by partition.
         Wait until every partition runs at generation >= g+2.
     Finalizing: publish g+3 without the reshard block.
-A decrease is not a rebalance: the topic reconcile refuses it (Stalled/NotSupported).
+A decrease is not a rebalance: the topic reconcile refuses it (Stalled/NotSupported). Nor is a
+left-over handoff, pause or reshard block with nothing to move and no count to change: it is
+published away (g+1) without a rebalance record or event.
 """
 
 from __future__ import annotations
@@ -164,19 +168,23 @@ def _idle(f: Facts) -> Plan:
         return Plan(rb, paused, R, have, events=[("Normal", "RebalanceStarted", f"{_label(rb)}: {msg}")],
                     message=msg)
     target = assign(n, pods(f.pod_prefix, max(1, f.replicas)), a.owners)
-    if current_replicas != f.replicas or target != a.owners or a.handoffs or a.paused or a.reshard:
-        rb = {"id": a.generation + 1, "type": "replicas", "phase": "ScalingUp",
-              "fromReplicas": current_replicas, "toReplicas": f.replicas,
-              "fromPartitions": n, "toPartitions": n,
-              "startedAt": _rfc3339(f.now_ms), "startedAtMs": f.now_ms, "moves": {}}
-        ev = ("Normal", "RebalanceStarted", f"{_label(rb)}: started")
-        if f.replicas > current_replicas:
-            plan = _scaling_up(f, rb)
-        else:
-            plan = _plan_handoff(f, rb)
-        plan.events.insert(0, ev)
-        return plan
-    return Plan(None, a, f.replicas, n)
+    if current_replicas == f.replicas and target == a.owners:
+        if a.handoffs or a.paused or a.reshard:
+            # Left over (no rebalance records it): nothing moves and no count changes, so this is
+            # no rebalance (no RebalanceStarted, lastRebalance kept): publish it without them.
+            a = a.with_(generation=a.generation + 1, handoffs={}, reshard=None, paused=False)
+        return Plan(None, a, f.replicas, n)
+    rb = {"id": a.generation + 1, "type": "replicas", "phase": "ScalingUp",
+          "fromReplicas": current_replicas, "toReplicas": f.replicas,
+          "fromPartitions": n, "toPartitions": n,
+          "startedAt": _rfc3339(f.now_ms), "startedAtMs": f.now_ms, "moves": {}}
+    ev = ("Normal", "RebalanceStarted", f"{_label(rb)}: started")
+    if f.replicas > current_replicas:
+        plan = _scaling_up(f, rb)
+    else:
+        plan = _plan_handoff(f, rb)
+    plan.events.insert(0, ev)
+    return plan
 
 
 def _prune(a: Assignment, f: Facts) -> Assignment:
@@ -225,30 +233,41 @@ def _plan_handoff(f: Facts, rb: dict) -> Plan:
 
 def _handing_off(f: Facts, rb: dict) -> Plan:
     target = Assignment.from_json(rb["target"])
-    g = rb["targetGeneration"]
-    events = []
-    for p, m in rb["moves"].items():
-        if m.get("done"):
-            continue
-        pf = f.pods.get(m["to"])
-        if pf is None or not pf.running(int(p), g):
-            continue
-        mig = pf.partition(int(p)).get("migration") or {}
+
+    def record(p: str, m: dict, mig: dict):
         method = mig.get("method") or ("rebuild" if not m.get("from") else "local")
-        m.update(done=True, method=method, bytes=int(mig.get("bytes") or 0),
-                 pauseMs=int(mig.get("pause_ms") or 0))
+        m.update(method=method, bytes=int(mig.get("bytes") or 0), pauseMs=int(mig.get("pause_ms") or 0))
         if method != "snapshot":
             why = mig.get("reason") or ("no previous owner" if not m.get("from") else "state was already local")
-            events.append(("Warning" if method == "rebuild" else "Normal", "StateRebuilt" if method == "rebuild" else "StateLocal",
-                           f"{_label(rb)}: partition {p} on {m['to']}: {method} ({why})"))
-    done = [p for p, m in rb["moves"].items() if m.get("done")]
-    if len(done) == len(rb["moves"]):
+            return ("Warning" if method == "rebuild" else "Normal", "StateRebuilt" if method == "rebuild" else "StateLocal",
+                    f"{_label(rb)}: partition {p} on {m['to']}: {method} ({why})")
+
+    events, done = _follow_moves(f, rb, record)
+    if done == len(rb["moves"]):
         plan = _enter_finalizing(f, rb, target)
         plan.events[:0] = events
         return plan
     return Plan(rb, target, max(rb["fromReplicas"], rb["toReplicas"]), target.partition_count or rb["toPartitions"],
                 events=events,
-                message=f"handing off partitions {_ps(rb['moves'])}: {len(done)}/{len(rb['moves'])} done")
+                message=f"handing off partitions {_ps(rb['moves'])}: {done}/{len(rb['moves'])} done")
+
+
+def _follow_moves(f: Facts, rb: dict, record) -> tuple[list, int]:
+    """Marks done every move whose partition now runs at its new owner at the target generation;
+    `record(p, move, the worker's migration report)` notes how it went and may return an event.
+    Returns those events and how many moves are done."""
+    events = []
+    for p, m in rb["moves"].items():
+        if m.get("done"):
+            continue
+        pf = f.pods.get(m["to"])
+        if pf is None or not pf.running(int(p), rb["targetGeneration"]):
+            continue
+        m["done"] = True
+        ev = record(p, m, pf.partition(int(p)).get("migration") or {})
+        if ev:
+            events.append(ev)
+    return events, sum(1 for m in rb["moves"].values() if m.get("done"))
 
 
 def _enter_finalizing(f: Facts, rb: dict, target: Assignment) -> Plan:
@@ -271,8 +290,12 @@ def _finalizing(f: Facts, rb: dict) -> Plan:
     behind = [n for n in keep if n in f.pods and f.pods[n].generation < g]
     waited = f.now_ms - rb.get("finalizingSinceMs", f.now_ms)
     n = final.partition_count or rb["toPartitions"]
-    if leaving or (behind and waited < FINALIZE_GRACE_MS):
+    # Done is recorded only once the final assignment is seen published: were it recorded first
+    # (the operator killed before publishing), nothing in status would say to publish it.
+    unpublished = f.assignment is None or f.assignment.generation < g
+    if leaving or unpublished or (behind and waited < FINALIZE_GRACE_MS):
         what = f"waiting for {', '.join(sorted(leaving))} to go" if leaving else \
+            f"publishing generation {g}" if unpublished else \
             f"waiting for {', '.join(sorted(behind))} to read generation {g}"
         return Plan(rb, final, rb["toReplicas"], n, message=what)
     last = summary(rb, f.now_ms)
@@ -323,31 +346,25 @@ def _creating(f: Facts, rb: dict) -> Plan:
 
 def _resharding(f: Facts, rb: dict) -> Plan:
     target = Assignment.from_json(rb["target"])
-    g = rb["targetGeneration"]
-    events = []
-    for p, m in rb["moves"].items():
-        if m.get("done"):
-            continue
-        pf = f.pods.get(m["to"])
-        if pf is None or not pf.running(int(p), g):
-            continue
-        mig = pf.partition(int(p)).get("migration") or {}
+
+    def record(p: str, m: dict, mig: dict):
         method = mig.get("method") or "none"
-        m.update(done=True, method=method, keys=int(mig.get("keys") or 0), bytes=int(mig.get("bytes") or 0))
+        m.update(method=method, keys=int(mig.get("keys") or 0), bytes=int(mig.get("bytes") or 0))
         if method == "rebuild":
-            events.append(("Warning", "StateRebuilt",
-                           f"{_label(rb)}: partition {p} on {m['to']}: rebuilt from the source topic "
-                           f"({mig.get('reason') or 're-shard import unavailable'})"))
-    done = [p for p, m in rb["moves"].items() if m.get("done")]
+            why = mig.get("reason") or "re-shard import unavailable"
+            return ("Warning", "StateRebuilt",
+                    f"{_label(rb)}: partition {p} on {m['to']}: rebuilt from the source topic ({why})")
+
+    events, done = _follow_moves(f, rb, record)
     R = max(rb["fromReplicas"], 1)
-    if len(done) == len(rb["moves"]):
+    if done == len(rb["moves"]):
         rb["resumedAtMs"] = f.now_ms
         plan = _enter_finalizing(f, rb, target)
         plan.replicas = R
         plan.events[:0] = events
         return plan
     return Plan(rb, target, R, rb["toPartitions"], events=events,
-                message=f"re-sharding: {len(done)}/{len(rb['moves'])} partitions running")
+                message=f"re-sharding: {done}/{len(rb['moves'])} partitions running")
 
 
 # -- reporting ---------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from eopipe.builders.spark import driver_rbac, spark_application
 from eopipe.builders.topics import desired_topics
 from eopipe.kube import Applier
 from eopipe.spec import PipelineSpec, parse_duration
-from eopipe.status import Condition
+from eopipe.status import Condition, rebalance_patch
 from eopipe.topics import ensure_topics
 
 log = logging.getLogger(__name__)
@@ -114,10 +114,12 @@ class Reconciler:
                 break
             plan = rebalance_sm.step(facts, rb)
             if plan.rebalance != rb or plan.last is not None:
-                # Write-ahead: the step is recorded before any of its actions happen.
+                # Write-ahead: the step is recorded before any of its actions happen, replacing
+                # the recorded one whole (a restarted operator reads back only what it wrote).
+                self._persist(meta, rebalance_patch({"rebalance": rb, "lastRebalance": last},
+                                                    plan.rebalance, plan.last))
                 if plan.last is not None:
                     last = plan.last
-                self._persist(meta, plan.rebalance, last)
                 rb = plan.rebalance
             out.events.extend(plan.events)
             spec_now = names.spec.model_copy(update={"source": names.spec.source.model_copy(
@@ -135,12 +137,10 @@ class Reconciler:
             out.fields["lastRebalance"] = last
         out.rebalancing = (f"{rb['phase']}: {rb.get('message', '')}" if rb else None)
 
-    def _persist(self, meta: dict, rb: dict | None, last: dict | None) -> None:
-        patch = {"status": {"rebalance": rb}}
-        if last is not None:
-            patch["status"]["lastRebalance"] = last
+    def _persist(self, meta: dict, status_patch: dict) -> None:
         client.CustomObjectsApi(self.api).patch_namespaced_custom_object_status(
-            "eopipe.dev", "v1alpha1", meta["namespace"], "exactlyoncepipelines", meta["name"], patch)
+            "eopipe.dev", "v1alpha1", meta["namespace"], "exactlyoncepipelines", meta["name"],
+            {"status": status_patch})
 
     def _observe(self, names: Names, rb: dict | None) -> rebalance_sm.Facts:
         spec = names.spec

@@ -70,3 +70,27 @@ def summarize(stages: list[Condition], *, stalled: Condition | None = None,
                   stalled.reason if stalled else "None", stalled.message if stalled else ""),
     ]
     return summary + list(stages), phase
+
+
+def merge_patch(old, new):
+    """The JSON merge patch (RFC 7386) that turns `old` into `new` exactly.
+
+    Status is written by merge patch, and a merge patch keeps every key it does not mention:
+    sent as is, a record that lost a key (a rebalance target without its `reshard` block, an
+    assignment without a pod scaled away) would keep the old one. So every key of `old` that
+    `new` no longer has is sent as null, at every depth."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch = {k: merge_patch(old.get(k), v) for k, v in new.items()}
+    patch.update({k: None for k in old if k not in new})
+    return patch
+
+
+def rebalance_patch(status: dict, rebalance: dict | None, last: dict | None = None) -> dict:
+    """The status patch that records a rebalance step: `status.rebalance` becomes `rebalance`
+    (None: no rebalance running), and `status.lastRebalance` becomes `last` if given, exactly,
+    whatever `status` held before."""
+    patch = {"rebalance": merge_patch(status.get("rebalance"), rebalance)}
+    if last is not None:
+        patch["lastRebalance"] = merge_patch(status.get("lastRebalance"), last)
+    return patch
