@@ -1,16 +1,28 @@
 #!/usr/bin/env python3
-"""`make demo`: a pipeline end to end with duplicates and faults, then its exactly-once verdict.
+"""`make demo`: the payments pipeline end to end on a local cluster, with faults, then its verdict.
 
-Today's stage: a real Kafka broker (KRaft, local process) and dedup workers run as local
-processes, the way the dedup StatefulSet's pods run them. While `eopipe load` sends events
-with duplicates, one worker is SIGKILLed mid-transaction and restarted, and the broker is
-restarted. Then `eopipe verify` reads both topics and the demo exits non-zero unless
-lost=0 and duplicated=0.
+What runs (all real, as local processes; see tests/localenv/):
+  Kafka (KRaft, transactions), a Kubernetes control plane (etcd, kube-apiserver,
+  controller-manager, scheduler), a node agent that runs pods as processes, and a stand-in
+  for the Spark Operator. The eopipe operator is installed with the Helm chart and runs as a
+  pod; examples/payments.yaml is applied with kubectl.
+
+While `eopipe load` sends payments with 20% resends, 5% to a wrong partition and some
+malformed records, the demo: SIGKILLs a dedup pod's container mid-transaction, restarts the
+broker (SIGKILL), SIGKILLs the Spark driver, scales the dedup pods 2 -> 3 and adds source
+partitions 8 -> 12. Then it prints `kubectl get eop` and verifies, reading with
+read_committed: source -> deduped topic (the dedup stage) and source -> the Spark sink
+(end to end). It exits 0 only if nothing was lost or duplicated, 1 otherwise.
+
+--quick runs the dedup stage only (Kafka and two dedup workers as plain processes, a worker
+SIGKILL and a broker restart): a one-minute look. --break-dedup turns the dedup step off
+(every record counts as new) to show that the verdict catches it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import yaml  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
 from eopipe.assignment import Assignment, assign  # noqa: E402
@@ -34,30 +47,99 @@ from eopipe.keys import KeySpec  # noqa: E402
 from eopipe.loadgen import run_load  # noqa: E402
 from eopipe.spec import PipelineSpec  # noqa: E402
 from eopipe.topics import ensure_topics  # noqa: E402
-from eopipe.verify import verify, wait_for_group  # noqa: E402
+from eopipe.verify import Report, verify, wait_for_group  # noqa: E402
 from tests.localenv.kafka import KafkaBroker, free_port  # noqa: E402
 
 T0 = time.monotonic()
+NS = "demo"
+BROKEN = "no_dedup"  # the worker's test-only fault: every record counts as new
 
 
 def say(step: str, msg: str = "") -> None:
     print(f"[{time.monotonic() - T0:6.1f}s] {step}{(': ' + msg) if msg else ''}", flush=True)
 
 
-class Worker:
-    """One dedup worker process, as a dedup pod would run it."""
+def verdict(reports: dict[str, Report]) -> int:
+    """Prints one line per check; 0 only if every check ran and found nothing lost or duplicated."""
+    for what, rep in reports.items():
+        print(f"{rep.line()}  [{what}]", flush=True)
+        for kind, keys in rep.examples.items():
+            print(f"    {kind}, e.g.: {', '.join(keys)}", flush=True)
+    ok = bool(reports) and all(r.ok for r in reports.values())
+    print(f"verdict: {'EXACTLY-ONCE (lost=0, duplicated=0)' if ok else 'FAILED'}", flush=True)
+    return 0 if ok else 1
 
-    def __init__(self, name: str, names: Names, bootstrap: str, workdir: Path, assignment: Path, port: int):
-        self.name, self.log = name, workdir / f"{name}.log"
-        self.cmd = [str(REPO / ".venv" / "bin" / "eopipe"),
+
+class Load:
+    """`eopipe load` in a thread: payments with resends, wrong partitions and malformed records."""
+
+    def __init__(self, bootstrap: str, topic: str, records: int, rate: float):
+        self.stats: dict = {}
+        self.error: BaseException | None = None
+        say("load", f"{records} records at {rate:.0f}/s: 20% resends, 5% to a wrong partition, 25 malformed")
+
+        def run() -> None:
+            try:
+                self.stats.update(run_load(bootstrap, topic, records, dup_ratio=0.2, wrong_partition_ratio=0.05,
+                                           poison=25, rate=rate, seed=7,
+                                           # Retries through the broker restart are expected: keep
+                                           # librdkafka's connection errors out of the demo's output.
+                                           producer_config={"message.timeout.ms": 300_000, "log_level": 2}))
+            except BaseException as e:  # noqa: BLE001 - reported by finish()
+                self.error = e
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def finish(self) -> dict:
+        while self.thread.is_alive():
+            self.thread.join(1)
+        if self.error:
+            raise self.error
+        say("load", f"sent {self.stats['records']} ({self.stats['unique']} unique, "
+                    f"{self.stats['duplicates']} resends, {self.stats['poison']} malformed)")
+        return self.stats
+
+
+def wait(fn, timeout: float, what: str, interval: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (v := fn()):
+            return v
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def drain_and_verify(bootstrap: str, names: Names, spark: bool) -> int:
+    say("drain", "waiting until the dedup stage has consumed every committed source record")
+    took = wait_for_group(bootstrap, names.consumer_group, names.source_topic, timeout=600)
+    say("drain", f"dedup stage drained ({took:.1f}s)")
+    say("verify", "reading source, outputs and dead-letter topic with read_committed")
+    key = KeySpec.parse(names.spec.dedup.key.spec_string())
+    reports = {"dedup stage (source -> deduped)": verify(
+        bootstrap, names.source_topic, names.deduped_topic, key_spec=key, dlq_topic=names.dlq_topic,
+        settle=5, timeout=300)}
+    if spark:
+        reports["end to end (source -> Spark sink)"] = verify(
+            bootstrap, names.source_topic, names.sink_topic, key_spec=key, dlq_topic=names.dlq_topic,
+            settle=20, timeout=300)
+    return verdict(reports)
+
+
+# --------------------------------------------------------------------------- --quick: processes
+class Worker:
+    """One dedup worker process, as a dedup pod runs it."""
+
+    def __init__(self, name: str, names: Names, bootstrap: str, workdir: Path, assignment: Path, env: dict):
+        self.name, self.log, self.env = name, workdir / f"{name}.log", {**os.environ, **env}
+        self.cmd = [str(Path(sys.executable).parent / "eopipe"),
                     *worker_args(names, bootstrap=bootstrap, assignment_file=str(assignment),
-                                 state_dir=str(workdir / "state" / name), http_port=port),
+                                 state_dir=str(workdir / "state" / name), http_port=free_port()),
                     "--pod-name", name]
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     env=self.env, start_new_session=True)
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc and self.proc.poll() is None:
@@ -69,77 +151,275 @@ class Worker:
                 self.proc.wait()
 
 
+def run_quick(args, stack: contextlib.ExitStack) -> int:
+    kafka = start_kafka(args.workdir, stack)
+    doc = {"kafka": {"bootstrapServers": kafka.bootstrap},
+           "source": {"topic": "payments", "partitions": 4},
+           "dedup": {"key": {"from": "jsonField", "name": "id"}, "window": "1h", "replicas": 2}}
+    names = Names(NS, "payments", PipelineSpec.model_validate(doc))
+    report = ensure_topics(AdminClient({"bootstrap.servers": kafka.bootstrap}), desired_topics(names))
+    say("topics", f"created {', '.join(report.created)}")
+    pods = [f"payments-dedup-{i}" for i in range(2)]
+    assignment = Assignment(1, assign(4, pods))
+    assignment_file = args.workdir / "assignment.json"
+    assignment_file.write_text(json.dumps(assignment.to_json()))
+    env = {"EOPIPE_FAULT": BROKEN} if args.break_dedup else {}
+    workers = [Worker(p, names, kafka.bootstrap, args.workdir, assignment_file, env) for p in pods]
+    for w in workers:
+        w.start()
+        stack.callback(w.kill, signal.SIGTERM)
+    say("dedup", f"{len(workers)} workers, assignment {assignment.to_json()['assignments']}"
+                 + (" (dedup step BROKEN on purpose)" if args.break_dedup else ""))
+
+    load = Load(kafka.bootstrap, names.source_topic, args.records, args.rate)
+    duration = args.records / args.rate
+    time.sleep(duration * 0.3)
+    say("fault", f"SIGKILL {workers[1].name} mid-transaction, then restart it")
+    workers[1].kill()
+    time.sleep(2)
+    workers[1].start()
+    time.sleep(duration * 0.3)
+    broker_restart(kafka)
+    load.finish()
+    return drain_and_verify(kafka.bootstrap, names, spark=False)
+
+
+def start_kafka(workdir: Path, stack: contextlib.ExitStack) -> KafkaBroker:
+    say("kafka", "starting a single-node KRaft broker")
+    kafka = KafkaBroker(workdir / "kafka")
+    stack.callback(kafka.stop)
+    took = kafka.start()
+    say("kafka", f"ready at {kafka.bootstrap} in {took:.1f}s")
+    return kafka
+
+
+def broker_restart(kafka: KafkaBroker) -> None:
+    say("fault", "broker SIGKILL + restart")
+    took = kafka.restart(kill=True)
+    say("fault", f"broker back in {took:.1f}s; open transactions abort, producers and consumers reconnect")
+
+
+# --------------------------------------------------------------------------- full: the cluster
+class Cluster:
+    """The local cluster of the tests (tests/localenv), driven the way a user drives a real one."""
+
+    def __init__(self, workdir: Path, stack: contextlib.ExitStack):
+        from kubernetes import client, config
+
+        from tests.localenv.controlplane import ControlPlane
+        from tests.localenv.nodeagent import NodeAgent
+        from tests.localenv.sparkrunner import RunnerProcess
+
+        self.workdir = workdir
+        say("kubernetes", "starting etcd, kube-apiserver, controller-manager, scheduler (built from source, cached)")
+        self.cp = ControlPlane(workdir / "k8s")
+        stack.callback(self.cp.stop)
+        t = time.monotonic()
+        self.cp.start()
+        say("kubernetes", f"control plane ready in {time.monotonic() - t:.1f}s at {self.cp.server}")
+        self.agent = NodeAgent(self.cp.kubeconfig, workdir / "node")
+        stack.callback(self.agent.stop)
+        self.agent.start()
+        say("kubernetes", "node eopipe-node-0 joined (pods run as local processes)")
+        jars = _output(["bash", str(REPO / "hack" / "fetch-spark-jars.sh")])[-1]
+        self.spark = RunnerProcess(self.cp.kubeconfig, workdir / "spark", Path(jars))
+        stack.callback(self.spark.stop)
+        self.spark.start()
+        self.kubectl("apply", "--server-side", "-f", str(REPO / "tests" / "crds"))
+        say("kubernetes", "Spark Operator stand-in runs SparkApplications (spark-submit, local master)")
+        api = config.new_client_from_config(config_file=str(self.cp.kubeconfig))
+        self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+
+    def kubectl(self, *args: str, input: str | None = None, timeout: float = 300) -> str:
+        return _run([str(self.cp.kubectl), "--kubeconfig", str(self.cp.kubeconfig), *args], input=input,
+                    timeout=timeout)
+
+    def helm_install(self) -> None:
+        helm = Path(_output(["bash", str(REPO / "hack" / "build-tools.sh")])[0]) / "helm"  # helm dir, kubeconform dir
+        home = self.workdir / "helm"
+        env = {**os.environ, **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")}}
+        say("operator", "helm install eopipe charts/eopipe (CRD, RBAC, operator Deployment)")
+        self.kubectl("create", "namespace", NS)
+        _run(
+            [str(helm), "install", "eopipe", str(REPO / "charts" / "eopipe"), "--kubeconfig", str(self.cp.kubeconfig),
+             "--namespace", "eopipe-system", "--create-namespace", "--set", f"watchNamespaces={{{NS}}}",
+             # The node agent has no in-cluster mount: the pod builds a kubeconfig from its
+             # ServiceAccount token; pods share the host's ports, so it listens on its pod IP.
+             "--set", "serviceAccountKubeconfig.enabled=true", "--set", f"serviceAccountKubeconfig.server={self.cp.server}",
+             "--set", "bindAddress=$(POD_IP)", "--set", "resyncSeconds=5", "--wait", "--timeout", "240s"],
+            env=env, timeout=300)
+        self.kubectl("-n", "eopipe-system", "rollout", "status", "deployment/eopipe", "--timeout=120s")
+        say("operator", "running as a pod under its own ServiceAccount")
+
+    def pipeline(self) -> dict:
+        return self.custom.get_namespaced_custom_object("eopipe.dev", "v1alpha1", NS, "exactlyoncepipelines",
+                                                        "payments")
+
+    def patch(self, spec: dict) -> None:
+        self.custom.patch_namespaced_custom_object("eopipe.dev", "v1alpha1", NS, "exactlyoncepipelines",
+                                                   "payments", {"spec": spec})
+
+    def settled(self, after: int) -> dict | None:
+        obj = self.pipeline()
+        st = obj.get("status") or {}
+        ready = next((c for c in st.get("conditions", []) if c["type"] == "Ready"), {})
+        done = (ready.get("status") == "True" and st.get("observedGeneration") == obj["metadata"]["generation"]
+                and not st.get("rebalance") and (st.get("lastRebalance") or {}).get("id", -1) > after)
+        return obj if done else None
+
+    def rebalance(self, what: str, spec: dict) -> None:
+        last = (self.pipeline().get("status") or {}).get("lastRebalance", {}).get("id", -1)
+        say("rebalance", what)
+        t, phase = time.monotonic(), None
+        self.patch(spec)
+
+        def done():
+            nonlocal phase
+            obj = self.settled(last)
+            now = ((self.pipeline().get("status") or {}).get("rebalance") or {}).get("phase")
+            if now and now != phase:
+                phase = now
+                say("rebalance", f"  phase {now}")
+            return obj
+        obj = wait(done, 600, what, interval=0.5)
+        say("rebalance", f"done in {time.monotonic() - t:.1f}s: {_summary(obj['status']['lastRebalance'])}")
+
+    def kill_dedup_pod(self, pod: str) -> None:
+        before = self._restarts(pod)
+        say("fault", f"SIGKILL the container of {pod} (a crash, mid-transaction); the node restarts it")
+        t = time.monotonic()
+        self.agent.kill_pod_process(NS, pod)
+        wait(lambda: self._restarts(pod) > before and self._ready(pod), 180, f"{pod} Ready again")
+        say("fault", f"{pod} Ready again in {time.monotonic() - t:.1f}s (recovered from its RocksDB state)")
+
+    def kill_spark_driver(self) -> None:
+        app = self.spark_app()
+        attempts = app["status"].get("executionAttempts", 0)
+        pidfile = next((self.workdir / "spark" / "apps").glob(f"{NS}_{app['metadata']['name']}_*/pid"))
+        say("fault", f"SIGKILL the Spark driver of {app['metadata']['name']} (mid-batch)")
+        t = time.monotonic()
+        os.killpg(int(pidfile.read_text()), signal.SIGKILL)
+        wait(lambda: (st := self.spark_app()["status"]).get("executionAttempts", 0) > attempts
+             and st["applicationState"]["state"] == "RUNNING", 300, "the Spark driver RUNNING again")
+        say("fault", f"driver resubmitted (restartPolicy OnFailure) and RUNNING in {time.monotonic() - t:.1f}s; "
+                     "it resumes from its checkpoint")
+
+    def spark_app(self) -> dict:
+        apps = self.custom.list_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", NS,
+                                                         "sparkapplications")["items"]
+        return apps[0]
+
+    def _pod(self, pod: str):
+        try:
+            return self.core.read_namespaced_pod(pod, NS)
+        except Exception:  # noqa: BLE001 - recreated or not there yet
+            return None
+
+    def _restarts(self, pod: str) -> int:
+        p = self._pod(pod)
+        return sum(c.restart_count for c in (p.status.container_statuses or [])) if p else -1
+
+    def _ready(self, pod: str) -> bool:
+        p = self._pod(pod)
+        return bool(p and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))
+
+
+def _summary(lr: dict) -> str:
+    """status.lastRebalance in one line."""
+    what = (f"partitions {lr['fromPartitions']} -> {lr['toPartitions']}" if lr.get("type") == "partitions"
+            else f"replicas {lr.get('fromReplicas')} -> {lr.get('toReplicas')}")
+    keys = f", {lr['keysMoved']} keys re-sharded" if "keysMoved" in lr else ""
+    pause = f", paused {lr['pauseMs'] / 1000:.1f}s" if "pauseMs" in lr else ""
+    return (f"{what}: {lr.get('partitionsMoved', 0)} partitions moved ({lr.get('snapshot', 0)} by snapshot, "
+            f"{lr.get('rebuild', 0)} rebuilt, {lr.get('bytesMoved', 0) / 1e6:.2f} MB{keys}), "
+            f"longest handoff pause {lr.get('maxPauseMs', 0)} ms{pause}")
+
+
+def _run(cmd: list[str], input: str | None = None, env: dict | None = None, timeout: float = 300) -> str:
+    res = subprocess.run(cmd, input=input, env=env, capture_output=True, text=True, timeout=timeout)
+    if res.returncode != 0:
+        raise RuntimeError(f"{Path(cmd[0]).name} {' '.join(cmd[1:4])} ... failed ({res.returncode}):\n"
+                           f"{res.stderr.strip()}")
+    return res.stdout
+
+
+def _output(cmd: list[str]) -> list[str]:
+    """The stdout lines of a hack/ script (its progress goes to stderr)."""
+    return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, timeout=3600).stdout.split()
+
+
+def run_full(args, stack: contextlib.ExitStack) -> int:
+    kafka = start_kafka(args.workdir, stack)
+    cluster = Cluster(args.workdir, stack)
+    cluster.helm_install()
+
+    doc = yaml.safe_load((REPO / "examples" / "payments.yaml").read_text())
+    doc["spec"]["kafka"]["bootstrapServers"] = kafka.bootstrap
+    # Spark's checkpoint lives on a volume in a real cluster; here the driver is a local process.
+    doc["spec"]["processing"]["checkpointLocation"] = str(args.workdir / "checkpoints" / "payments")
+    say("pipeline", f"kubectl apply -f examples/payments.yaml -n {NS} (bootstrapServers={kafka.bootstrap})")
+    cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(doc))
+    t = time.monotonic()
+    cluster.kubectl("wait", "-n", NS, "eop/payments", "--for=condition=Ready", "--timeout=400s", timeout=420)
+    say("pipeline", f"Ready in {time.monotonic() - t:.1f}s: topics, 2 dedup pods, Spark driver RUNNING")
+    if args.break_dedup:
+        say("pipeline", "dedup step BROKEN on purpose: kubectl set env statefulset/payments-dedup EOPIPE_FAULT=no_dedup")
+        cluster.kubectl("-n", NS, "set", "env", "statefulset/payments-dedup", f"EOPIPE_FAULT={BROKEN}")
+        cluster.kubectl("-n", NS, "rollout", "status", "statefulset/payments-dedup", "--timeout=300s")
+    print(cluster.kubectl("get", "eop", "-n", NS), end="", flush=True)
+
+    names = Names(NS, "payments", PipelineSpec.model_validate(doc["spec"]))
+    load = Load(kafka.bootstrap, names.source_topic, args.records, args.rate)
+    time.sleep(args.records / args.rate * 0.1)
+    cluster.kill_dedup_pod("payments-dedup-1")
+    broker_restart(kafka)
+    cluster.kill_spark_driver()
+    cluster.rebalance("scale the dedup pods 2 -> 3 (state moves by snapshot)", {"dedup": {"replicas": 3}})
+    cluster.rebalance("add source partitions 8 -> 12 (pause, re-shard state, resume)", {"source": {"partitions": 12}})
+    if load.thread.is_alive():
+        say("load", "faults done; the load goes on to its end")
+    load.finish()
+    code = drain_and_verify(kafka.bootstrap, names, spark=True)
+    print(cluster.kubectl("get", "eop", "-n", NS), end="")
+    print(cluster.kubectl("get", "pods", "-n", NS), end="")
+    print(cluster.kubectl("get", "events", "-n", NS, "--field-selector", "involvedObject.kind=ExactlyOncePipeline",
+                          "--sort-by", ".lastTimestamp"), end="", flush=True)
+    return code
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--records", type=int, default=30_000, help="records to send (default 30000)")
-    ap.add_argument("--rate", type=float, default=3_000, help="records per second (default 3000)")
-    ap.add_argument("--workdir", type=Path, default=REPO / ".work" / "demo")
+    ap = argparse.ArgumentParser(prog="hack/demo.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, help="records to send (default 40000; 20000 with --quick)")
+    ap.add_argument("--rate", type=float, default=None, help="records per second (default 300; 2000 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="the dedup stage only, as plain processes (about a minute)")
+    ap.add_argument("--break-dedup", action="store_true", help="turn the dedup step off: the verdict must fail")
+    ap.add_argument("--workdir", type=Path, default=REPO / ".work" / "demo", help="logs and data (default .work/demo)")
     args = ap.parse_args()
+    args.records = args.records or (20_000 if args.quick else 40_000)
+    args.rate = args.rate or (2_000 if args.quick else 300)
 
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
-    kafka = KafkaBroker(args.workdir / "kafka")
-    workers: list[Worker] = []
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
-    try:
-        say("1/5 kafka", "starting a single-node KRaft broker")
-        kafka.start()
-        say("1/5 kafka", f"ready at {kafka.bootstrap}")
-
-        doc = {"kafka": {"bootstrapServers": kafka.bootstrap},
-               "source": {"topic": "payments", "partitions": 4},
-               "dedup": {"key": {"from": "jsonField", "name": "id"}, "window": "1h", "replicas": 2}}
-        names = Names("demo", "payments", PipelineSpec.model_validate(doc))
-        report = ensure_topics(AdminClient({"bootstrap.servers": kafka.bootstrap}), desired_topics(names))
-        say("2/5 topics", f"created {', '.join(report.created)}")
-
-        pods = [f"payments-dedup-{i}" for i in range(2)]
-        assignment = Assignment(1, assign(4, pods))
-        assignment_file = args.workdir / "assignment.json"
-        assignment_file.write_text(json.dumps(assignment.to_json()))
-        workers = [Worker(p, names, kafka.bootstrap, args.workdir, assignment_file, free_port())
-                   for p in pods]
-        for w in workers:
-            w.start()
-        say("3/5 dedup", f"{len(workers)} workers, assignment {assignment.to_json()['assignments']}")
-
-        stats: dict = {}
-        load = threading.Thread(target=lambda: stats.update(run_load(
-            kafka.bootstrap, "payments", args.records, dup_ratio=0.2, wrong_partition_ratio=0.05,
-            poison=25, rate=args.rate, seed=7, producer_config={"message.timeout.ms": 120_000})))
-        say("4/5 load", f"{args.records} records at {args.rate:.0f}/s, 20% resends, 5% to a wrong partition, 25 malformed")
-        load.start()
-        duration = args.records / args.rate
-        time.sleep(duration * 0.3)
-        say("    fault", f"SIGKILL {workers[1].name} mid-transaction")
-        workers[1].kill()
-        time.sleep(2)
-        workers[1].start()
-        say("    fault", f"{workers[1].name} restarted: it recovers from its RocksDB state and the committed offsets")
-        time.sleep(duration * 0.3)
-        say("    fault", "broker restart")
-        kafka.restart(kill=True)
-        say("    fault", "broker back; transactions resume")
-        load.join()
-        say("4/5 load", f"sent {stats['records']} ({stats['unique']} unique, {stats['duplicates']} resends)")
-
-        say("4/5 load", "waiting for the dedup workers to drain the source")
-        drained = wait_for_group(kafka.bootstrap, names.consumer_group, names.source_topic, timeout=300)
-        say("4/5 load", f"drained {drained:.1f}s after the last send")
-        say("5/5 verify", "reading source and output with read_committed")
-        rep = verify(kafka.bootstrap, names.source_topic, names.deduped_topic,
-                     key_spec=KeySpec.parse(names.spec.dedup.key.spec_string()),
-                     dlq_topic=names.dlq_topic, settle=5, timeout=300)
-        print(rep.line(), flush=True)
-        say("done", f"total {time.monotonic() - T0:.0f}s; logs in {args.workdir}")
-        return 0 if rep.ok else 1
-    except KeyboardInterrupt:
-        say("interrupted", "tearing down")
-        return 130
-    finally:
-        for w in workers:
-            w.kill(signal.SIGTERM)
-        kafka.stop()
+    signal.signal(signal.SIGTERM, _interrupt)
+    code = 1
+    with contextlib.ExitStack() as stack:
+        try:
+            code = (run_quick if args.quick else run_full)(args, stack)
+        except KeyboardInterrupt:
+            say("interrupted", "tearing down")
+            code = 130
+        except Exception as e:  # noqa: BLE001 - one clear line, then the teardown
+            say("error", f"{type(e).__name__}: {e}")
+            code = 2
+        finally:
+            say("teardown", f"stopping everything; logs and data kept in {args.workdir}")
+    say("done", f"total {time.monotonic() - T0:.0f}s, exit {code}")
+    return code
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ Per partition p, the loop is:
 Test-only fault hook, never set in production: EOPIPE_FAULT=crash_after_commit[:N] makes the
 process os._exit(137) right after its N-th successful Kafka commit (default 1), before the
 RocksDB write; `crash_after_commit:p=0.05` does so with that probability per commit.
+EOPIPE_FAULT=no_dedup breaks the dedup step on purpose (every record counts as new): the demo
+and its verdict test use it to show that verification catches a broken pipeline.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ H_REROUTED = "eopipe.rerouted.from"
 
 # -- test-only fault hook ----------------------------------------------------------------------
 class FaultHook:
-    """EOPIPE_FAULT (tests only): crash_after_commit[:N | :p=PROB]."""
+    """EOPIPE_FAULT (tests only): crash_after_commit[:N | :p=PROB] | no_dedup."""
 
     def __init__(self, spec: str | None):
         self.kind = None
@@ -81,7 +83,7 @@ class FaultHook:
         if not spec:
             return
         kind, _, arg = spec.partition(":")
-        if kind != "crash_after_commit":
+        if kind not in ("crash_after_commit", "no_dedup"):
             raise ValueError(f"unknown EOPIPE_FAULT {spec!r}")
         self.kind = kind
         if arg.startswith("p="):
@@ -89,8 +91,12 @@ class FaultHook:
         elif arg:
             self.nth = int(arg)
 
+    @property
+    def no_dedup(self) -> bool:
+        return self.kind == "no_dedup"
+
     def after_commit(self, partition: int) -> None:
-        if self.kind is None:
+        if self.kind != "crash_after_commit":
             return
         with self._lock:
             self._count += 1
@@ -722,10 +728,11 @@ class PartitionRunner(threading.Thread):
         # Dedup: the open transaction's keys, then one batched multi-get per live segment.
         lookup = list({k for _, k in candidates if k not in pending})
         seen = self.store.contains(lookup) if lookup else ()
+        broken = self.w.fault.no_dedup
         out = cfg.output_topic
         emitted = dups = 0
         for m, k in candidates:
-            if k in pending or k in seen:
+            if (k in pending or k in seen) and not broken:
                 dups += 1
                 continue
             ts_type, ts = m.timestamp()
