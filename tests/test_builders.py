@@ -61,6 +61,12 @@ def test_spark_application():
     assert conf["source_topic"] == "payments.deduped"
     assert conf["sink"] == {"kind": "kafka", "topic": "payments-enriched",
                             "commit_topic": "eopipe.team-a.payments.spark-commits"}
+    assert app["spec"]["sparkConf"]["spark.sql.shuffle.partitions"] == "2"  # 1 executor x 1 core
+    n = _names()
+    bigger = n.spec.processing.model_copy(update={"executors": n.spec.processing.executors.model_copy(
+        update={"instances": 3, "cores": 4})})
+    n = Names(n.namespace, n.pipeline, n.spec.model_copy(update={"processing": bigger}))
+    assert spark.spark_application(n, "img")["spec"]["sparkConf"]["spark.sql.shuffle.partitions"] == "24"
 
 
 def test_kafka_credentials_reach_pods_as_secret_refs_and_the_operator_as_values():
@@ -87,3 +93,6 @@ def test_kafka_credentials_reach_pods_as_secret_refs_and_the_operator_as_values(
                if "valueFrom" in e and "secretKeyRef" in e["valueFrom"] else e.get("value")
                for k, e in env.items() if k.startswith("EOPIPE_KAFKA_")}
     assert kafkaconf.from_env(pod_env) == {k: v for k, v in conf.items() if k != "bootstrap.servers"}
+    # The Spark driver gets the same variables (spark_app reads them, see spark_app/config.py).
+    driver = spark.spark_application(n, "img")["spec"]["driver"]
+    assert {e["name"]: e for e in driver["env"]} == {k: e for k, e in env.items() if k.startswith("EOPIPE_KAFKA_")}

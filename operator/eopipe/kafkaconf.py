@@ -39,6 +39,18 @@ def env_name(setting: str) -> str:
     return ENV_PREFIX + setting.upper().replace(".", "_")
 
 
+def pod_env(kafka: KafkaSpec) -> list[dict]:
+    """The container env of a pod that talks to Kafka: literals, and secretKeyRefs for credentials."""
+    env = []
+    for setting, value in settings(kafka):
+        if isinstance(value, SecretKeyRef):
+            env.append({"name": env_name(setting),
+                        "valueFrom": {"secretKeyRef": {"name": value.name, "key": value.key}}})
+        else:
+            env.append({"name": env_name(setting), "value": value})
+    return env
+
+
 def secret_reader(core_v1, namespace: str) -> Callable[[SecretKeyRef], str]:
     def read(ref: SecretKeyRef) -> str:
         secret = core_v1.read_namespaced_secret(ref.name, namespace)

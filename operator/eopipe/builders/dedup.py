@@ -12,7 +12,7 @@ import json
 from eopipe import kafkaconf
 from eopipe.assignment import Assignment
 from eopipe.builders.names import Names
-from eopipe.spec import SecretKeyRef, parse_duration
+from eopipe.spec import parse_duration
 
 HTTP_PORT = 8080
 STATE_DIR = "/var/lib/eopipe"
@@ -49,17 +49,6 @@ def _env() -> list[dict]:
             field("POD_IP", "status.podIP")]
 
 
-def _kafka_env(names: Names) -> list[dict]:
-    env = []
-    for setting, value in kafkaconf.settings(names.spec.kafka):
-        if isinstance(value, SecretKeyRef):
-            env.append({"name": kafkaconf.env_name(setting),
-                        "valueFrom": {"secretKeyRef": {"name": value.name, "key": value.key}}})
-        else:
-            env.append({"name": kafkaconf.env_name(setting), "value": value})
-    return env
-
-
 def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
     spec = names.spec
     labels = names.labels("dedup")
@@ -72,7 +61,7 @@ def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
         "image": spec.dedup.image or image,
         "command": ["eopipe"],
         "args": worker_args(names),
-        "env": _env() + _kafka_env(names),
+        "env": _env() + kafkaconf.pod_env(names.spec.kafka),
         "ports": [{"name": "http", "containerPort": HTTP_PORT}],
         # The HTTP server shares a Python process with the hot loop: allow it a slow answer.
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from eopipe import kafkaconf
 from eopipe.builders.names import Names
 
 SPARK_APP_MAIN = "local:///opt/eopipe/spark_app/main.py"
@@ -30,6 +31,14 @@ def spark_config(names: Names) -> dict:
     return conf
 
 
+def shuffle_partitions(names: Names) -> int:
+    """Spark's default of 200 makes a small streaming batch 200 tasks. Two per executor core
+    keeps every core busy; the first run pins the number in the checkpoint, so later changes
+    of the executors do not reshuffle existing state."""
+    ex = names.spec.processing.executors
+    return max(2, 2 * ex.instances * ex.cores)
+
+
 def spark_application(names: Names, image: str) -> dict:
     proc = names.spec.processing
     labels = names.labels("processing")
@@ -51,9 +60,13 @@ def spark_application(names: Names, image: str) -> dict:
             "sparkConf": {
                 "spark.sql.streaming.stateStore.providerClass":
                     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+                "spark.sql.shuffle.partitions": str(shuffle_partitions(names)),
             },
+            # spark_app reads the Kafka client settings (credentials from Secrets) on the
+            # driver and hands them to the Kafka source and sink it plans for the executors.
             "driver": {"cores": 1, "memory": proc.driver_memory, "labels": labels,
-                       "serviceAccount": driver_rbac(names)[0]["metadata"]["name"]},
+                       "serviceAccount": driver_rbac(names)[0]["metadata"]["name"],
+                       "env": kafkaconf.pod_env(names.spec.kafka)},
             "executor": {"instances": proc.executors.instances, "cores": proc.executors.cores,
                          "memory": proc.executors.memory, "labels": labels},
         },
