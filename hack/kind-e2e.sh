@@ -6,8 +6,12 @@
 #   1. a kind cluster `eopipe-e2e`; the operator image built from this repo and loaded into it
 #   2. a single-node Kafka in namespace eopipe-e2e (hack/kind/kafka.yaml)
 #   3. the Helm chart, watching eopipe-e2e; examples/minimal.yaml applied and awaited Ready
-#   4. `eopipe load` with duplicates while a dedup pod is deleted, then `eopipe verify`
-#      (both run in a pod next to Kafka); exit status is verify's
+#   4. `eopipe load` with duplicates while, as in `make demo`, a dedup pod is deleted, the
+#      Kafka pod is deleted (broker restart), the dedup pods are scaled 1 -> 3 and source
+#      partitions go 4 -> 8; then `eopipe verify` (load and verify run in pods next to Kafka);
+#      exit status is verify's.
+# The Spark stage needs the Kubeflow Spark Operator in the cluster; `make demo` covers it on the
+# local control plane (driver SIGKILL included), this script leaves it out.
 source "$(dirname "$0")/lib.sh"
 NS=eopipe-e2e
 CLUSTER="${KIND_CLUSTER:-eopipe-e2e}"
@@ -40,9 +44,25 @@ kubectl -n "$NS" get eop
 
 step "load with duplicates, a dedup pod deleted mid-run, then verify"
 run() { kubectl -n "$NS" run "$1" --rm -i --restart=Never --image=eopipe:e2e --image-pull-policy=Never -- "${@:2}"; }
-run e2e-load load --bootstrap "$BOOTSTRAP" --topic events --count 50000 --rate 2000 --poison 10 &
+settled() {  # Ready at the current generation with no rebalance under way
+  kubectl -n "$NS" wait eop/minimal --for=condition=Ready --timeout=600s
+  until [ "$(kubectl -n "$NS" get eop minimal -o jsonpath='{.status.rebalance.phase}')" = "" ]; do sleep 2; done
+}
+run e2e-load load --bootstrap "$BOOTSTRAP" --topic events --count 100000 --rate 1000 --poison 10 &
 load=$!
 sleep 10
+step "fault: delete pod minimal-dedup-0"
 kubectl -n "$NS" delete pod minimal-dedup-0 --wait=false
+sleep 10
+step "fault: delete the Kafka pod (broker restart)"
+kubectl -n "$NS" delete pod kafka-0
+kubectl -n "$NS" rollout status statefulset/kafka --timeout=300s
+step "rebalance: dedup replicas 1 -> 3"
+kubectl -n "$NS" patch eop minimal --type=merge -p '{"spec":{"dedup":{"replicas":3}}}'
+settled
+step "rebalance: source partitions 4 -> 8"
+kubectl -n "$NS" patch eop minimal --type=merge -p '{"spec":{"source":{"partitions":8}}}'
+settled
+kubectl -n "$NS" get eop minimal -o jsonpath='{.status.lastRebalance}'; echo
 wait "$load"
 run e2e-verify verify --bootstrap "$BOOTSTRAP" --source events --output events.deduped --dlq events.dlq
