@@ -68,6 +68,8 @@ def _write_status(body, outcome, logger) -> dict:
     # One event per condition that changed status, as kubectl describe users expect.
     before = {c["type"]: c.get("status") for c in old}
     for c in merged:
+        if c["type"] == "Stalled" and c["status"] == "False" and "Stalled" not in before:
+            continue  # a new pipeline that is not stalled: nothing to tell
         if before.get(c["type"]) != c["status"]:
             bad = (c["type"] == "Stalled") == (c["status"] == "True")
             (kopf.warn if bad and c["type"] != "Reconciling" else kopf.info)(

@@ -67,7 +67,7 @@ def summarize(stages: list[Condition], *, stalled: Condition | None = None,
         Condition("Reconciling", reconciling, "Progressing" if reconciling else "Settled",
                   rebalancing or (not_ready[0].message if not_ready else "")),
         Condition("Stalled", stalled is not None,
-                  stalled.reason if stalled else "None", stalled.message if stalled else ""),
+                  stalled.reason if stalled else "NotStalled", stalled.message if stalled else ""),
     ]
     return summary + list(stages), phase
 
