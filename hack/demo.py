@@ -296,7 +296,7 @@ class Cluster:
         app = self.spark_app()
         attempts = app["status"].get("executionAttempts", 0)
         pidfile = next((self.workdir / "spark" / "apps").glob(f"{NS}_{app['metadata']['name']}_*/pid"))
-        say("fault", f"SIGKILL the Spark driver of {app['metadata']['name']} (mid-batch)")
+        say("fault", f"SIGKILL the Spark driver of {app['metadata']['name']} while it streams")
         t = time.monotonic()
         os.killpg(int(pidfile.read_text()), signal.SIGKILL)
         wait(lambda: (st := self.spark_app()["status"]).get("executionAttempts", 0) > attempts
@@ -326,13 +326,14 @@ class Cluster:
 
 def _summary(lr: dict) -> str:
     """status.lastRebalance in one line."""
-    what = (f"partitions {lr['fromPartitions']} -> {lr['toPartitions']}" if lr.get("type") == "partitions"
-            else f"replicas {lr.get('fromReplicas')} -> {lr.get('toReplicas')}")
-    keys = f", {lr['keysMoved']} keys re-sharded" if "keysMoved" in lr else ""
-    pause = f", paused {lr['pauseMs'] / 1000:.1f}s" if "pauseMs" in lr else ""
-    return (f"{what}: {lr.get('partitionsMoved', 0)} partitions moved ({lr.get('snapshot', 0)} by snapshot, "
-            f"{lr.get('rebuild', 0)} rebuilt, {lr.get('bytesMoved', 0) / 1e6:.2f} MB{keys}), "
-            f"longest handoff pause {lr.get('maxPauseMs', 0)} ms{pause}")
+    if lr.get("type") == "partitions":
+        rebuilt = f", {len(lr['rebuilt'])} partitions rebuilt" if lr.get("rebuilt") else ""
+        return (f"partitions {lr['fromPartitions']} -> {lr['toPartitions']}: {lr.get('keysMoved', 0)} keys "
+                f"({lr.get('bytesMoved', 0) / 1e6:.2f} MB) re-sharded{rebuilt}, "
+                f"dedup stage paused {lr.get('pauseMs', 0) / 1000:.1f}s")
+    return (f"replicas {lr.get('fromReplicas')} -> {lr.get('toReplicas')}: {lr.get('partitionsMoved', 0)} "
+            f"partitions moved ({lr.get('snapshot', 0)} by snapshot, {lr.get('rebuild', 0)} rebuilt, "
+            f"{lr.get('bytesMoved', 0) / 1e6:.2f} MB), longest handoff pause {lr.get('maxPauseMs', 0)} ms")
 
 
 def _run(cmd: list[str], input: str | None = None, env: dict | None = None, timeout: float = 300) -> str:
