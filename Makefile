@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "==> Python virtualenv $(VENV) (pip's cache makes later runs quick)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,spark]'
+	$(PY) -m pip install -q -e '.[test,spark,bench]'
 	@touch $@
 
 venv: $(VENV)/.installed ## the project virtualenv

@@ -1,50 +1,284 @@
 """`make bench`: the benchmarks side by side on one broker, in one run, as one table.
 
-Absolute numbers drift on a shared 2-core machine; compare the rows of one run.
-    python -m bench [--records N] [--json FILE]
+Steps (each module's docstring says exactly what it measures):
+  dedup_vs_copy  dedup worker (exactly-once) vs a plain at-least-once copier: records/s, ratio
+  latency        Spark stage end to end, produce -> exactly-once Kafka sink: p50/p99
+  recovery       dedup worker SIGKILLed under steady load, 1M keys: time to commit again
+  migration      handoff of a 1M-key partition: snapshot vs rebuild pause, MB/s
+  memory         RSS of one dedup worker with 1M and 10M keys in its store
+
+Prints the detail table of each step, then one combined table (stdout; progress goes to
+stderr); writes the combined table and the details as JSON and a plot as PNG. Absolute
+numbers drift on a shared 2-core machine; compare the rows of one run. The full run takes
+3.5 to 6 minutes on 2 cores (0.5 to 2 of them pre-building the 10M-key store; the disk peaks
+near 0.5 GB under .work/bench, removed after); --quick is a smoke run with small sizes (~1.5 min).
+
+    python -m bench [--quick] [--skip latency,...] [--bootstrap HOST:PORT] [--json FILE] [--png FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import importlib
 import json
+import math
+import os
+import shutil
 import sys
+import time
+import traceback
 from pathlib import Path
 
-from bench import dedup_vs_copy, migration
+from bench.common import REPO, broker, say
 
-REPO = Path(__file__).resolve().parents[1]
+STEPS = ("dedup_vs_copy", "latency", "recovery", "migration", "memory")
+FULL = {"records": 200_000, "rounds": 2, "latency_seconds": 20.0, "rates": "100,1000",
+        "recovery_keys": 1_000_000, "recovery_rate": 2000.0, "kills": 3, "keys": 1_000_000,
+        "memory_sizes": "1000000,10000000", "memory_load": 20_000}
+QUICK = {"records": 20_000, "rounds": 1, "latency_seconds": 4.0, "rates": "100,1000",
+         "recovery_keys": 50_000, "recovery_rate": 1000.0, "kills": 1, "keys": 20_000,
+         "memory_sizes": "20000,100000", "memory_load": 5_000}
+
+
+def _count(n: int) -> str:
+    """1000000 -> 1M, 20000 -> 20k (for metric ids and labels)."""
+    for div, suffix in ((1_000_000, "M"), (1_000, "k")):
+        if n >= div and n % div == 0:
+            return f"{n // div}{suffix}"
+    return str(n)
+
+
+def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[str]) -> tuple[dict, dict]:
+    """Runs the steps in order; returns (results, errors) by step name. A failing step is
+    reported and the others still run."""
+    from bench import dedup_vs_copy, latency, memory, migration, recovery
+
+    rates = tuple(int(r) for r in opts.rates.split(","))
+    calls = {
+        "dedup_vs_copy": lambda: dedup_vs_copy.bench(bootstrap, work / "dedup_vs_copy", records=opts.records,
+                                                     rounds=opts.rounds, progress=say),
+        "latency": lambda: latency.bench(bootstrap, work / "latency", rates=rates, seconds=opts.latency_seconds,
+                                         progress=say),
+        "recovery": lambda: recovery.bench(bootstrap, work, keys=opts.recovery_keys, rate=opts.recovery_rate,
+                                           kills=opts.kills, progress=say),
+        "migration": lambda: migration.bench(bootstrap, work / "migration", keys=opts.keys, progress=say),
+        "memory": lambda: memory.bench(bootstrap, work, sizes=[int(s) for s in opts.memory_sizes.split(",")],
+                                       load=opts.memory_load, progress=say),
+    }
+    results, errors = {}, {}
+    todo = [s for s in STEPS if s not in skip]
+    for i, name in enumerate(todo, 1):
+        (work / name).mkdir(parents=True, exist_ok=True)
+        say(f"step {i}/{len(todo)}: {name}")
+        t0 = time.monotonic()
+        try:
+            results[name] = calls[name]()
+        except Exception as e:  # noqa: BLE001 - one failing step must not lose the others
+            traceback.print_exc()
+            errors[name] = f"{type(e).__name__}: {e}"
+        say(f"step {i}/{len(todo)}: {name} {'failed' if name in errors else 'done'} "
+            f"in {time.monotonic() - t0:.0f}s")
+    return results, errors
+
+
+def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dict]:
+    """The combined table: one row per metric, every expected metric present (value None when
+    its step failed)."""
+    rows: list[dict] = []
+
+    def row(step, mid, metric, unit, notes, get):
+        if step in skip:
+            return
+        try:
+            value = float(get(results[step]))
+        except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError):
+            value = None
+        rows.append({"id": mid, "metric": metric, "value": value, "unit": unit, "notes": notes})
+
+    copy_notes = f"{opts.records:,} records (20% resends), 4 partitions, best of {opts.rounds}"
+    row("dedup_vs_copy", "copy_records_per_s", "plain copy (at-least-once)", "records/s", copy_notes,
+        lambda r: r[0]["records_per_s"])
+    row("dedup_vs_copy", "dedup_records_per_s", "dedup worker (exactly-once)", "records/s", copy_notes,
+        lambda r: r[1]["records_per_s"])
+    row("dedup_vs_copy", "dedup_vs_copy_ratio", "dedup / copy throughput", "ratio", "records/s over records/s",
+        lambda r: r[1]["records_per_s"] / r[0]["records_per_s"])
+    for i, rate in enumerate(int(r) for r in opts.rates.split(",")):
+        notes = f"Spark, exactly-once Kafka sink, trigger 1s, {rate}/s for {opts.latency_seconds:.0f}s"
+        row("latency", f"latency_p50_ms_{rate}", f"end-to-end latency p50 at {rate}/s", "ms", notes,
+            lambda r, i=i: r[i]["p50_ms"])
+        row("latency", f"latency_p99_ms_{rate}", f"end-to-end latency p99 at {rate}/s", "ms", notes,
+            lambda r, i=i: r[i]["p99_ms"])
+    rec_notes = (f"{_count(opts.recovery_keys)} keys, {opts.recovery_rate:.0f} records/s, "
+                 f"median of {opts.kills} kill{'s' if opts.kills > 1 else ''}")
+    row("recovery", "recovery_first_commit_s", "recovery after SIGKILL: first commit", "s", rec_notes,
+        lambda r: r["first_commit_s"])
+    row("recovery", "recovery_caught_up_s", "recovery after SIGKILL: lag back to steady", "s", rec_notes,
+        lambda r: r["caught_up_s"])
+    mig_notes = f"1 partition, {_count(opts.keys)} keys"
+    row("migration", "handoff_pause_snapshot_s", "handoff pause, snapshot transfer", "s", mig_notes,
+        lambda r: r[0]["pause_s"])
+    row("migration", "handoff_pause_rebuild_s", "handoff pause, rebuild from source", "s", mig_notes,
+        lambda r: r[1]["pause_s"])
+    row("migration", "migration_mb_per_s", "state migration (snapshot)", "MB/s",
+        mig_notes + (f", {results['migration'][0]['state_mb']:.0f} MB state" if results.get("migration") else ""),
+        lambda r: r[0]["mb_per_s"])
+    for i, keys in enumerate(int(s) for s in opts.memory_sizes.split(",")):
+        row("memory", f"memory_peak_rss_mb_{_count(keys)}", f"memory per dedup pod, {keys:,} keys", "MB",
+            "peak RSS (VmHWM) of the worker process, RocksDB budget 256 MB", lambda r, i=i: r[i]["peak_rss_mb"])
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    def fmt(v):
+        if v is None:
+            return "FAILED"
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
+    head = f"{'metric':<44}{'value':>10}  {'unit':<10}notes"
+    lines = [head, "-" * (len(head) + 50)]
+    lines += [f"{r['metric']:<44}{fmt(r['value']):>10}  {r['unit']:<10}{r['notes']}" for r in rows]
+    return "\n".join(lines)
+
+
+def plot(results: dict, rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    val = {r["id"]: r["value"] for r in rows}
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    fig.suptitle(title)
+
+    def bars(ax, labels, values, ylabel, subtitle, colors=None, fmt="{:,.0f}"):
+        vs = [v if v is not None and math.isfinite(v) else 0 for v in values]
+        b = ax.bar(labels, vs, color=colors)
+        for rect, v in zip(b, values):
+            text = "failed" if v is None else fmt.format(v)
+            ax.annotate(text, (rect.get_x() + rect.get_width() / 2, rect.get_height()), ha="center",
+                        va="bottom", fontsize=9)
+        ax.set_ylabel(ylabel)
+        ax.set_title(subtitle, fontsize=11)
+        ax.margins(y=0.15)
+
+    ax = axes[0][0]
+    bars(ax, ["plain copy\n(at-least-once)", "dedup worker\n(exactly-once)"],
+         [val.get("copy_records_per_s"), val.get("dedup_records_per_s")], "records/s",
+         "throughput" + (f" (dedup/copy {val['dedup_vs_copy_ratio']:.2f})"
+                         if val.get("dedup_vs_copy_ratio") is not None else ""), ["#999999", "#1f77b4"])
+
+    ax = axes[0][1]
+    lat = results.get("latency") or []
+    if lat:
+        xs = range(len(lat))
+        w = 0.38
+        p50 = [r["p50_ms"] for r in lat]
+        p99 = [r["p99_ms"] for r in lat]
+        ax.bar([x - w / 2 for x in xs], p50, w, label="p50")
+        ax.bar([x + w / 2 for x in xs], p99, w, label="p99")
+        for x, a, b in zip(xs, p50, p99):
+            ax.annotate(f"{a:,.0f}", (x - w / 2, a), ha="center", va="bottom", fontsize=9)
+            ax.annotate(f"{b:,.0f}", (x + w / 2, b), ha="center", va="bottom", fontsize=9)
+        ax.set_xticks(list(xs), [f"{r['rate']}/s" for r in lat])
+        ax.legend()
+        ax.margins(y=0.15)
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    ax.set_ylabel("ms")
+    ax.set_title("end-to-end latency, Spark exactly-once sink (trigger 1s)", fontsize=11)
+
+    ax = axes[0][2]
+    bars(ax, ["first commit", "lag back to steady"],
+         [val.get("recovery_first_commit_s"), val.get("recovery_caught_up_s")], "seconds after SIGKILL",
+         "recovery after SIGKILL" + (f" ({_count(results['recovery']['keys'])} keys)"
+                                     if results.get("recovery") else ""), ["#d62728", "#ff9896"], "{:.2f} s")
+
+    ax = axes[1][0]
+    bars(ax, ["snapshot transfer", "rebuild from source"],
+         [val.get("handoff_pause_snapshot_s"), val.get("handoff_pause_rebuild_s")], "pause, s",
+         "partition handoff pause" + (f" (snapshot {val['migration_mb_per_s']:.0f} MB/s)"
+                                      if val.get("migration_mb_per_s") is not None else ""),
+         ["#2ca02c", "#98df8a"], "{:.2f} s")
+
+    ax = axes[1][1]
+    mem = [r for r in rows if r["id"].startswith("memory_peak_rss_mb_")]
+    bars(ax, [r["id"].rsplit("_", 1)[1] + " keys" for r in mem], [r["value"] for r in mem], "peak RSS, MB",
+         "memory per dedup pod", ["#9467bd"] * len(mem), "{:,.0f} MB")
+    if mem:
+        ax.axhline(256, color="#555555", linestyle="--", linewidth=1)
+        ax.annotate("RocksDB budget 256 MB", (0, 256), xytext=(0, 3), textcoords="offset points", fontsize=8)
+
+    ax = axes[1][2]
+    ax.axis("off")
+    ax.text(0, 1, "\n".join(f"{r['metric'][:44]}: " + ("FAILED" if r["value"] is None else f"{r['value']:,.2f}")
+                            + f" {r['unit']}" for r in rows), va="top", fontsize=7.5, family="monospace",
+            transform=ax.transAxes)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--records", type=int, default=200_000, help="records in the source (default 200000)")
-    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per contestant (default 2)")
-    ap.add_argument("--keys", type=int, default=1_000_000,
-                    help="keys in the partition handed off in the migration benchmark (default 1000000)")
-    ap.add_argument("--json", type=Path, help="also write the rows as JSON here")
+    ap.add_argument("--quick", action="store_true", help="a smoke run with small sizes (defaults: %s)" % QUICK)
+    ap.add_argument("--skip", default="", help=f"steps to leave out, comma separated, of {','.join(STEPS)}")
+    ap.add_argument("--bootstrap", help="an existing broker (default: start the local test broker)")
+    ap.add_argument("--records", type=int, help=f"dedup_vs_copy: records in the source ({FULL['records']})")
+    ap.add_argument("--rounds", type=int, help=f"dedup_vs_copy: rounds per contestant ({FULL['rounds']})")
+    ap.add_argument("--rates", help=f"latency: events/s, comma separated ({FULL['rates']})")
+    ap.add_argument("--latency-seconds", type=float, help=f"latency: seconds per rate ({FULL['latency_seconds']})")
+    ap.add_argument("--recovery-keys", type=int, help=f"recovery: keys in the store ({FULL['recovery_keys']})")
+    ap.add_argument("--recovery-rate", type=float, help=f"recovery: load, records/s ({FULL['recovery_rate']})")
+    ap.add_argument("--kills", type=int, help=f"recovery: SIGKILL rounds ({FULL['kills']})")
+    ap.add_argument("--keys", type=int, help=f"migration: keys in the handed-off partition ({FULL['keys']})")
+    ap.add_argument("--memory-sizes", help=f"memory: keys per run, comma separated ({FULL['memory_sizes']})")
+    ap.add_argument("--memory-load", type=int, help=f"memory: records processed per size ({FULL['memory_load']})")
+    ap.add_argument("--json", type=Path, default=REPO / ".work" / "bench" / "bench.json",
+                    help="write the table and the details as JSON here (default .work/bench/bench.json)")
+    ap.add_argument("--png", type=Path, default=REPO / ".work" / "bench" / "bench.png",
+                    help="write the plot here (default .work/bench/bench.png)")
     args = ap.parse_args(argv)
+    for k, v in (QUICK if args.quick else FULL).items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    skip = {s for s in args.skip.split(",") if s}
+    if skip - set(STEPS):
+        ap.error(f"unknown steps in --skip: {','.join(sorted(skip - set(STEPS)))}")
 
     sys.path.insert(0, str(REPO))
-    from tests.localenv.kafka import KafkaBroker
-
-    work = REPO / ".work" / "bench"
+    started = datetime.datetime.now().astimezone()
+    t0 = time.monotonic()
+    work = REPO / ".work" / "bench" / f"run-{started:%Y%m%d-%H%M%S}-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
-    broker = KafkaBroker(work / "kafka")
-    broker.start()
-    progress = lambda m: print(f"  bench: {m}", file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        rows = dedup_vs_copy.bench(broker.bootstrap, work, records=args.records, rounds=args.rounds,
-                                   progress=progress)
-        moves = migration.bench(broker.bootstrap, work / "migration", keys=args.keys, progress=progress)
-    finally:
-        broker.stop()
-    print(dedup_vs_copy.table(rows))
-    print()
-    print(migration.table(moves))
-    if args.json:
-        args.json.write_text(json.dumps({"dedup_vs_copy": rows, "migration": moves}, indent=2))
+    with broker(work / "kafka", args.bootstrap) as bootstrap:
+        results, errors = run_steps(bootstrap, work, args, skip)
+    seconds = time.monotonic() - t0
+    rows = summary(results, args, skip)
+
+    for name in STEPS:
+        if name in results:
+            print(importlib.import_module(f"bench.{name}").table(results[name]))
+            print()
+    mode = "quick" if args.quick else "full"
+    title = (f"eopipe make bench ({mode}), {started:%Y-%m-%d %H:%M %Z}, {seconds / 60:.1f} min, "
+             f"{os.cpu_count()} cores")
+    print(title)
+    print(table(rows))
+    for name, err in errors.items():
+        print(f"FAILED {name}: {err}")
+
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"started": started.isoformat(timespec="seconds"), "seconds": seconds,
+                                     "mode": mode, "cpus": os.cpu_count(), "summary": rows,
+                                     "details": results, "errors": errors}, indent=2, default=str))
+    plot(results, rows, args.png, title)
+    say(f"wrote {args.json} and {args.png}")
+    if errors:
+        say(f"work files kept for the failed steps in {work}")
+        return 1
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

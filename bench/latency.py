@@ -24,14 +24,8 @@ from pathlib import Path
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.common import percentile, say, standalone
 
-
-def _percentile(sorted_values: list[float], q: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
-    return sorted_values[i]
 
 
 class _SinkWatcher(threading.Thread):
@@ -105,7 +99,7 @@ def bench(bootstrap: str, workdir: Path, rates: tuple[int, ...] = (100, 1000), s
             lat = sorted(v for k, v in watcher.latency_ms.items() if k not in before)
             rows.append({"name": f"kafka sink (exactly-once), trigger {trigger}", "rate": rate,
                          "records": len(lat), "sent": stats["unique"],
-                         "p50_ms": _percentile(lat, 0.50), "p99_ms": _percentile(lat, 0.99),
+                         "p50_ms": percentile(lat, 0.50), "p99_ms": percentile(lat, 0.99),
                          "max_ms": lat[-1] if lat else float("nan")})
     finally:
         driver.stop()
@@ -125,20 +119,13 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> int:
+    def options(ap):
+        ap.add_argument("--rates", default="100,1000", help="events/s, comma separated (default 100,1000)")
+        ap.add_argument("--seconds", type=float, default=20, help="seconds per rate (default 20)")
+    return standalone("bench.latency", __doc__, options, table, argv, lambda bootstrap, work, a: bench(
+        bootstrap, work, rates=tuple(int(r) for r in a.rates.split(",")), seconds=a.seconds, progress=say))
+
+
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
-    from tests.localenv.kafka import KafkaBroker
-
-    import shutil
-    import tempfile
-
-    work = REPO / ".work" / "bench"
-    work.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="latency-", dir=work))
-    broker = KafkaBroker(tmp / "kafka")
-    broker.start()
-    try:
-        print(table(bench(broker.bootstrap, tmp)))
-    finally:
-        broker.stop()
-        shutil.rmtree(tmp, ignore_errors=True)
+    sys.exit(main())

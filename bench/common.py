@@ -1,0 +1,337 @@
+"""What the benchmarks share: the real dedup worker as a process, a paced load, a dedup store
+built directly through eopipe.dedup.store, the broker, waiting and progress output."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+REPO = Path(__file__).resolve().parents[1]
+WINDOW_MS = 24 * 3600 * 1000     # the workers run with --window 24h and the default 4 segments
+SEGMENTS = 4
+
+
+def python() -> str:
+    venv = REPO / ".venv" / "bin" / "python"
+    return str(venv) if venv.exists() else sys.executable
+
+
+def say(msg: str) -> None:
+    """Progress output: stderr, so stdout stays the table."""
+    print(f"  bench: {msg}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    i = min(len(sorted_values) - 1, max(0, int(round(q * (len(sorted_values) - 1)))))
+    return sorted_values[i]
+
+
+def write_json(path: Path, doc: dict) -> None:
+    tmp = path.with_suffix(".new")
+    tmp.write_text(json.dumps(doc))
+    tmp.replace(path)
+
+
+def wait(fn, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(interval)
+    raise TimeoutError(what)
+
+
+def create_topics(bootstrap: str, names, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(t, partitions, 1) for t in names]).values():
+        f.result(30)
+
+
+class Setup:
+    """One run of a worker benchmark: a new pipeline name, its 1-partition source, output and
+    DLQ topics, and its own work directory."""
+
+    def __init__(self, bootstrap: str, workdir: Path, kind: str, short: str):
+        run_id = uuid.uuid4().hex[:6]
+        self.pipeline = f"{short}{run_id}"
+        self.topics = (f"{short}-src-{run_id}", f"{short}-out-{run_id}", f"{short}-dlq-{run_id}")
+        create_topics(bootstrap, self.topics)
+        self.work = workdir / f"{kind}-{run_id}"
+        self.work.mkdir(parents=True, exist_ok=True)
+
+
+@contextmanager
+def broker(workdir: Path, bootstrap: str | None = None):
+    """The bootstrap of `bootstrap`, or of a fresh local test broker in workdir (stopped after)."""
+    if bootstrap:
+        yield bootstrap
+        return
+    sys.path.insert(0, str(REPO))
+    from tests.localenv.kafka import KafkaBroker
+
+    shutil.rmtree(workdir, ignore_errors=True)  # a fresh broker each run
+    b = KafkaBroker(workdir)
+    b.start()
+    try:
+        yield b.bootstrap
+    finally:
+        b.stop()
+
+
+def standalone(prog: str, doc: str, options, table, argv, run) -> int:
+    """main() of one benchmark run alone (`python -m <prog>`): its `options(parser)` plus
+    --bootstrap and --json, a fresh local broker unless --bootstrap, then its table.
+    `run(bootstrap, workdir, args)` returns the result; workdir is removed after a success."""
+    ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    options(ap)
+    ap.add_argument("--bootstrap", help="an existing broker (default: start the local test broker)")
+    ap.add_argument("--json", type=Path, help="also write the result as JSON here")
+    args = ap.parse_args(argv)
+    work = REPO / ".work" / "bench" / f"{prog.rsplit('.', 1)[-1]}-{os.getpid()}"
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        with broker(work / "kafka", args.bootstrap) as bootstrap:
+            result = run(bootstrap, work, args)
+    except BaseException:
+        say(f"work files kept in {work}")
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+    print(table(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+class Worker:
+    """`python -m eopipe.dedup` following an assignment file, as a dedup pod runs it."""
+
+    def __init__(self, name: str, bootstrap: str, topics: tuple[str, str, str], assignment: Path, work: Path,
+                 pipeline: str):
+        self.name, self.port = name, free_port()
+        self.state = work / f"state-{name}"
+        self.log = work / f"{name}.log"
+        src, out, dlq = topics
+        self.cmd = [python(), "-m", "eopipe.dedup", "--bootstrap", bootstrap, "--source-topic", src,
+                    "--output-topic", out, "--dlq-topic", dlq, "--pipeline", pipeline, "--namespace", "bench",
+                    "--assignment-file", str(assignment), "--pod-name", name, "--state-dir", str(self.state),
+                    "--http-port", str(self.port), "--memory-mb", "256", "--window", "24h"]
+        self.group = f"bench.{pipeline}.dedup"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        """Starts the process (again: same state directory and port, like a restarted pod)."""
+        self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, cwd=REPO,
+                                     env={**os.environ, "EOPIPE_HANDOFF_TIMEOUT_SECONDS": "30"})
+
+    def status(self) -> dict:
+        try:
+            with urllib.request.urlopen(f"{self.url}/status", timeout=5) as r:
+                return json.loads(r.read())
+        except OSError:
+            return {}
+
+    def running(self, p: int, generation: int) -> dict | None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode}; see {self.log}")
+        st = self.status()
+        part = (st.get("partitions") or {}).get(str(p)) or {}
+        gen = st.get("generation")
+        return part if gen is not None and gen >= generation and part.get("state") == "running" else None
+
+    def metrics(self) -> dict[str, float]:
+        """/metrics as {'name{labels}': value}."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def proc_status(self) -> dict[str, int]:
+        """/proc/<pid>/status memory lines in kB (VmRSS, VmHWM, ...); {} once it exited."""
+        out = {}
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                k, _, v = line.partition(":")
+                if k.startswith("Vm") or k.startswith("Rss"):
+                    out[k] = int(v.split()[0])
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+
+def single_owner(path: Path, pod: str) -> None:
+    """An assignment file giving partition 0 of a 1-partition source to `pod`."""
+    write_json(path, {"generation": 1, "assignments": {pod: [0]}, "partitionCount": 1})
+
+
+class GroupLag:
+    """The dedup group's committed offset on partition 0 of the source, read from Kafka."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str):
+        self.tp = TopicPartition(topic, 0)
+        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                           "isolation.level": "read_committed"})
+
+    def committed(self) -> int:
+        return self.c.committed([self.tp], timeout=10)[0].offset
+
+    def lag(self) -> tuple[int, int]:
+        """(committed offset, high watermark - committed)."""
+        committed = self.committed()
+        hi = self.c.get_watermark_offsets(self.tp, timeout=10, cached=False)[1]
+        return committed, hi - max(committed, 0)
+
+    def close(self) -> None:
+        self.c.close()
+
+
+# -- a dedup store built directly ---------------------------------------------------------------
+def prebuilt_key(i: int) -> bytes:
+    """The i-th key of a pre-built store: a UUID-shaped string like the load generator's ids."""
+    h = hashlib.blake2b(i.to_bytes(8, "big"), digest_size=16, key=b"eopipe-bench").hexdigest()
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{h[16:20]}-{h[20:]}".encode()
+
+
+def prebuild_store(state_dir: Path, keys: int, progress=say, batch: int = 200_000) -> float:
+    """Writes partition 0's store of a worker with `keys` keys, event times spread over the last
+    20 h (inside the 24 h window, so they land in several segments as a day of traffic would),
+    through StateStore.apply() as the worker writes it, and applied_offset 0 last.
+
+    A worker trusts that store when its source partition starts at offset 0 and its group has
+    no committed offset (a new pipeline): recovery then finds applied_offset == log start and
+    neither replays nor rebuilds (worker.py, PartitionRunner._recover). No partition_count is
+    written, so the store is not stale for any count. Returns the seconds it took."""
+    from eopipe.dedup.store import StateStore
+
+    t0 = time.monotonic()
+    store = StateStore(state_dir, window_ms=WINDOW_MS, segment_ms=WINDOW_MS // SEGMENTS)
+    try:
+        ps = store.open(0)
+        now = int(time.time() * 1000)
+        span = 20 * 3600 * 1000
+        last = time.monotonic()
+        for start in range(0, keys, batch):
+            end = min(keys, start + batch)
+            ps.apply([(prebuilt_key(i), now - span + span * i // keys) for i in range(start, end)], None,
+                     now_ms=now)
+            if time.monotonic() - last > 10:
+                last = time.monotonic()
+                progress(f"pre-building the store: {end:,}/{keys:,} keys")
+        ps.apply({}, 0, now_ms=now)
+    finally:
+        store.close()
+    return time.monotonic() - t0
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+# -- a paced load ---------------------------------------------------------------------------------
+class Load(threading.Thread):
+    """Produces keyed events at `rate` per second into partition 0 of `topic` until stopped or
+    `count` are sent: new events (eopipe.loadgen's), a share of resends of recent ones, and a
+    share of re-sends of pre-built keys (`old_keys` > 0): duplicates only the store can catch."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, *, count: int | None = None,
+                 old_keys: int = 0, old_ratio: float = 0.1, dup_ratio: float = 0.1, seed: int = 7):
+        super().__init__(daemon=True)
+        self.topic, self.rate, self.count = topic, rate, count
+        self.old_keys, self.old_ratio, self.dup_ratio = old_keys, old_ratio, dup_ratio
+        self.rng = random.Random(seed)
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+        self.halt = threading.Event()
+        self.sent = self.old = self.dups = 0
+        self.error: BaseException | None = None
+
+    def _next(self, recent: list) -> tuple[bytes, bytes, int]:
+        from eopipe.loadgen import _event
+
+        now = int(time.time() * 1000)
+        r = self.rng.random()
+        if self.old_keys and r < self.old_ratio:
+            self.old += 1
+            key = prebuilt_key(self.rng.randrange(self.old_keys))
+            return key, json.dumps({"id": key.decode(), "ts": now}).encode(), now
+        if recent and r < self.old_ratio + self.dup_ratio:
+            self.dups += 1
+            return recent[self.rng.randrange(len(recent))]
+        ev = _event(self.rng, self.sent, now)
+        recent.append(ev)
+        del recent[:-1000]
+        return ev
+
+    def run(self) -> None:
+        recent: list = []
+        t0 = time.monotonic()
+        try:
+            while not self.halt.is_set() and (self.count is None or self.sent < self.count):
+                due = int((time.monotonic() - t0) * self.rate)
+                if self.count is not None:
+                    due = min(due, self.count)
+                while self.sent < due:
+                    key, value, ts = self._next(recent)
+                    while True:
+                        try:
+                            self.producer.produce(self.topic, key=key, value=value, timestamp=ts, partition=0)
+                            break
+                        except BufferError:
+                            self.producer.poll(0.05)
+                    self.sent += 1
+                self.producer.poll(0)
+                time.sleep(0.01)
+            if self.producer.flush(60):
+                raise RuntimeError("load: records not delivered")
+        except BaseException as e:  # noqa: BLE001 - reported by stop()
+            self.error = e
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(90)
+        if self.error is not None:
+            raise RuntimeError(f"load generator failed: {self.error}") from self.error
