@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "==> Python virtualenv $(VENV) (pip's cache makes later runs quick)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,spark,bench]'
+	$(PY) -m pip install -qq -e '.[test,spark,bench]'
 	@touch $@
 
 venv: $(VENV)/.installed ## the project virtualenv
@@ -23,7 +23,7 @@ kafka: ## Kafka broker jars (Maven, cached)
 	@bash hack/fetch-kafka.sh >/dev/null
 
 k8s: ## Kubernetes control-plane binaries and etcd (built from Go modules, cached)
-	@bash hack/build-k8s.sh
+	@bash hack/build-k8s.sh >/dev/null
 
 tools: ## helm and kubeconform for the chart tests (Go module proxy, cached)
 	@bash hack/build-tools.sh >/dev/null
@@ -39,8 +39,8 @@ test: deps ## the whole test suite: unit, real Kafka, real control plane, fault 
 test-fast: deps ## everything but the long fault tests
 	$(PY) -m pytest -m "not slow"
 
-demo: deps ## the main job: a pipeline end to end with duplicates and faults, then verify
-	$(PY) hack/demo.py
+demo: deps ## the main job: a pipeline end to end with duplicates and faults, then verify (DEMO_ARGS=--quick|--break-dedup)
+	$(PY) hack/demo.py $(DEMO_ARGS)
 
 bench: deps ## benchmarks side by side, one table
 	$(PY) -m bench
