@@ -123,9 +123,10 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
     row("migration", "migration_mb_per_s", "state migration (snapshot)", "MB/s",
         mig_notes + (f", {results['migration'][0]['state_mb']:.0f} MB state" if results.get("migration") else ""),
         lambda r: r[0]["mb_per_s"])
+    budget = f", RocksDB budget {results['memory'][0]['budget_mb']:.0f} MB" if results.get("memory") else ""
     for i, keys in enumerate(int(s) for s in opts.memory_sizes.split(",")):
         row("memory", f"memory_peak_rss_mb_{_count(keys)}", f"memory per dedup pod, {keys:,} keys", "MB",
-            "peak RSS (VmHWM) of the worker process, RocksDB budget 256 MB", lambda r, i=i: r[i]["peak_rss_mb"])
+            "peak RSS (VmHWM) of the worker process" + budget, lambda r, i=i: r[i]["peak_rss_mb"])
     return rows
 
 
@@ -204,9 +205,11 @@ def plot(results: dict, rows: list[dict], path: Path, title: str) -> None:
     mem = [r for r in rows if r["id"].startswith("memory_peak_rss_mb_")]
     bars(ax, [r["id"].rsplit("_", 1)[1] + " keys" for r in mem], [r["value"] for r in mem], "peak RSS, MB",
          "memory per dedup pod", ["#9467bd"] * len(mem), "{:,.0f} MB")
-    if mem:
-        ax.axhline(256, color="#555555", linestyle="--", linewidth=1)
-        ax.annotate("RocksDB budget 256 MB", (0, 256), xytext=(0, 3), textcoords="offset points", fontsize=8)
+    if results.get("memory"):
+        budget = results["memory"][0]["budget_mb"]
+        ax.axhline(budget, color="#555555", linestyle="--", linewidth=1)
+        ax.annotate(f"RocksDB budget {budget:.0f} MB", (0, budget), xytext=(0, 3), textcoords="offset points",
+                    fontsize=8)
 
     ax = axes[1][2]
     ax.axis("off")

@@ -259,13 +259,13 @@ class Cluster:
         self.custom.patch_namespaced_custom_object("eopipe.dev", "v1alpha1", NS, "exactlyoncepipelines",
                                                    "payments", {"spec": spec})
 
-    def settled(self, after: int) -> dict | None:
-        obj = self.pipeline()
+    @staticmethod
+    def settled(obj: dict, after: int) -> bool:
+        """Ready at its generation, no rebalance under way, and one newer than `after` recorded."""
         st = obj.get("status") or {}
         ready = next((c for c in st.get("conditions", []) if c["type"] == "Ready"), {})
-        done = (ready.get("status") == "True" and st.get("observedGeneration") == obj["metadata"]["generation"]
+        return (ready.get("status") == "True" and st.get("observedGeneration") == obj["metadata"]["generation"]
                 and not st.get("rebalance") and (st.get("lastRebalance") or {}).get("id", -1) > after)
-        return obj if done else None
 
     def rebalance(self, what: str, spec: dict) -> None:
         last = (self.pipeline().get("status") or {}).get("lastRebalance", {}).get("id", -1)
@@ -275,12 +275,12 @@ class Cluster:
 
         def done():
             nonlocal phase
-            obj = self.settled(last)
-            now = ((self.pipeline().get("status") or {}).get("rebalance") or {}).get("phase")
+            obj = self.pipeline()
+            now = ((obj.get("status") or {}).get("rebalance") or {}).get("phase")
             if now and now != phase:
                 phase = now
                 say("rebalance", f"  phase {now}")
-            return obj
+            return obj if self.settled(obj, last) else None
         obj = wait(done, 600, what, interval=0.5)
         say("rebalance", f"done in {time.monotonic() - t:.1f}s: {_summary(obj['status']['lastRebalance'])}")
 

@@ -9,3 +9,18 @@ export REPO_ROOT
 
 step() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 note() { printf '    %s\n' "$*" >&2; }
+
+# The Maven-resolved caches (fetch-kafka.sh, fetch-spark-jars.sh): a version read from a pom,
+# a folder marked .complete once filled, filled through "$dest.tmp" so an interrupted run
+# never leaves something that counts as cached.
+pom_property() { sed -n "s:.*<$2>\(.*\)</$2>.*:\1:p" "$1"; }
+# exit_if_cached DEST LABEL SUBDIR: prints DEST/SUBDIR and exits when DEST is complete.
+exit_if_cached() {
+  if [[ -f "$1/.complete" ]]; then note "$2: cached in $1"; echo "$1/$3"; exit 0; fi
+  rm -rf "$1.tmp" && mkdir -p "$1.tmp"
+}
+# maven_runtime_deps POM OUTDIR: the POM's runtime dependencies copied into OUTDIR.
+maven_runtime_deps() {
+  mvn -B -q -f "$1" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$2" >&2
+}
+mark_complete() { rm -rf "$1" && mv "$1.tmp" "$1" && touch "$1/.complete"; }
