@@ -419,14 +419,18 @@ def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 def _checkpoint_offsets(checkpoint: Path) -> dict[int, int] | None:
     """The source offsets after the last committed batch of a checkpoint."""
-    commits = [int(p.name) for p in (checkpoint / "commits").glob("[0-9]*")]
-    if not commits:
+    last = _latest_batch(checkpoint, "commits")
+    if last is None:
         return None
-    last = max(commits)
     lines = (checkpoint / "offsets" / str(last)).read_text().splitlines()
     offsets = json.loads(lines[-1])
     (topic_offsets,) = offsets.values()
     return {int(p): o for p, o in topic_offsets.items()}
+
+
+def _latest_batch(checkpoint: Path, log: str) -> int | None:
+    """The newest batch id in a checkpoint's offsets or commits log."""
+    return max((int(p.name) for p in (checkpoint / log).glob("[0-9]*")), default=None)
 
 
 @pytest.mark.kafka
@@ -455,9 +459,15 @@ def test_driver_sigkill_mid_batch_repeatedly_then_replay_of_a_committed_batch(
     # The other window of a crash: tasks committed, the driver died before Spark's commit log
     # entry. Simulated exactly: stop, drop the last commit entry, restart: Spark re-runs that
     # batch and every task must find its marker and write nothing.
+    # The kill must come after the last planned batch is in the commit log: killed between the
+    # offset-log and commit-log entries, Spark re-runs the newer batch, not the one dropped here.
     ck = tmp_path / "checkpoint"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _latest_batch(ck, "offsets") != _latest_batch(ck, "commits"):
+        time.sleep(0.2)
     d.kill()
-    last = max(int(p.name) for p in (ck / "commits").glob("[0-9]*"))
+    last = _latest_batch(ck, "offsets")
+    assert last == _latest_batch(ck, "commits"), "the last planned batch never committed"
     (ck / "commits" / str(last)).unlink()
     (ck / "commits" / f".{last}.crc").unlink(missing_ok=True)
     d.start()
