@@ -133,7 +133,7 @@ class Worker:
         self.name, self.log, self.env = name, workdir / f"{name}.log", {**os.environ, **env}
         self.cmd = [str(Path(sys.executable).parent / "eopipe"),
                     *worker_args(names, bootstrap=bootstrap, assignment_file=str(assignment),
-                                 state_dir=str(workdir / "state" / name), http_port=free_port()),
+                                 watch_configmap=False, state_dir=str(workdir / "state" / name), http_port=free_port()),
                     "--pod-name", name]
         self.proc: subprocess.Popen | None = None
 

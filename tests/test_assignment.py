@@ -1,6 +1,8 @@
-"""The assignment is balanced and moves no more partitions than the best balanced assignment."""
+"""The assignment is balanced and moves no more partitions than the best balanced assignment;
+a worker reads the newest published copy."""
 
 import itertools
+import json
 import math
 import random
 
@@ -62,3 +64,21 @@ def test_json_round_trip_and_errors():
     assert {len(a.partitions_of("x")), len(a.partitions_of("y"))} == {2, 3}
     with pytest.raises(ValueError, match="no pods"):
         assign(3, [])
+
+
+def test_worker_follows_the_newest_of_mounted_file_and_watched_configmap(tmp_path):
+    from eopipe.dedup.assignment_source import AssignmentSource
+
+    path = tmp_path / "assignment.json"
+    src = AssignmentSource("pod-a", file=path, namespace="ns", configmap="cm")  # watch not started
+    with pytest.raises(OSError):
+        src.read()  # nothing readable yet: the worker waits
+    src.watch.latest = Assignment(3, {0: "pod-a"})
+    assert src.read().generation == 3  # the API alone will do
+    path.write_text(json.dumps(Assignment(2, {0: "pod-b"}).to_json()))
+    assert src.read().owners == {0: "pod-a"}  # the kubelet has not refreshed the file yet
+    path.write_text(json.dumps(Assignment(4, {0: "pod-b"}).to_json()))
+    assert src.read().owners == {0: "pod-b"}  # the watch is broken and behind: the file is newer
+    src.watch.latest = Assignment(4, {0: "pod-c"})
+    assert src.read().owners == {0: "pod-c"}  # a tie goes to the API's copy
+    assert AssignmentSource("pod-a", partitions=[1, 2]).read() == Assignment(0, {1: "pod-a", 2: "pod-a"})

@@ -96,3 +96,16 @@ def test_kafka_credentials_reach_pods_as_secret_refs_and_the_operator_as_values(
     # The Spark driver gets the same variables (spark_app reads them, see spark_app/config.py).
     driver = spark.spark_application(n, "img")["spec"]["driver"]
     assert {e["name"]: e for e in driver["env"]} == {k: e for k, e in env.items() if k.startswith("EOPIPE_KAFKA_")}
+
+
+def test_dedup_pods_watch_their_assignment_with_a_least_privilege_service_account():
+    n = _names()
+    pod = dedup.statefulset(n, "eopipe:dev")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--assignment-configmap") + 1] == n.assignment_configmap
+    sa, role, binding = dedup.rbac(n)
+    assert pod["serviceAccountName"] == sa["metadata"]["name"] == binding["subjects"][0]["name"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                              "resourceNames": [n.assignment_configmap], "verbs": ["get", "list", "watch"]}]
+    assert "--assignment-configmap" not in dedup.worker_args(n, watch_configmap=False)

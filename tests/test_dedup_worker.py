@@ -21,11 +21,18 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kubernetes.config import new_client_from_config
 
 from eopipe import partitioner
+from eopipe.assignment import Assignment
+from eopipe.builders import dedup as dedup_builders
+from eopipe.builders.names import Names
 from eopipe.keys import KeySpec
+from eopipe.kube import Applier
+from eopipe.spec import PipelineSpec
 from eopipe.loadgen import run_load
 from eopipe.verify import verify
 
@@ -51,6 +58,7 @@ class Pipeline:
         self.name = name or f"t{uuid.uuid4().hex[:8]}"
         self.source, self.output, self.dlq = f"{self.name}-src", f"{self.name}-out", f"{self.name}-dlq"
         self.partitions = partitions
+        self.namespace = "test"
         admin = AdminClient({"bootstrap.servers": bootstrap})
         futs = admin.create_topics([NewTopic(self.source, partitions, 1), NewTopic(self.output, 3, 1),
                                     NewTopic(self.dlq, 1, 1)])
@@ -60,7 +68,7 @@ class Pipeline:
 
     @property
     def group(self) -> str:
-        return f"test.{self.name}.dedup"
+        return f"{self.namespace}.{self.name}.dedup"
 
     def worker(self, partitions, state: str = "a", env: dict | None = None, extra: list[str] = ()) -> "WorkerProc":
         w = WorkerProc(self, partitions, self.tmp / f"state-{state}", env or {}, list(extra),
@@ -136,7 +144,7 @@ class WorkerProc:
                if not isinstance(self.partitions, Path) else ["--assignment-file", str(self.partitions)])
         return [PYTHON, "-m", "eopipe.dedup", "--bootstrap", p.bootstrap, "--source-topic", p.source,
                 "--output-topic", p.output, "--dlq-topic", p.dlq, "--pipeline", p.name,
-                "--namespace", "test", *own, "--state-dir", str(self.state_dir),
+                "--namespace", p.namespace, *own, "--state-dir", str(self.state_dir),
                 "--http-port", str(self.port), "--memory-mb", "32", "--window", "1h", *self.extra]
 
     def start(self, env: dict | None = None) -> "WorkerProc":
@@ -445,6 +453,69 @@ def test_sigkill_mid_transaction_repeatedly_100k(pipe):
     assert res["records"] >= 100_000
     # The kills really hit open transactions: their records were aborted, not delivered.
     assert rep.aborted_reads > 0, rep.line()
+
+
+@pytest.mark.k8s
+def test_assignment_configmap_watched_with_the_pods_own_rbac(pipe, control_plane, kube_api, k8s_namespace):
+    """A new generation reaches the worker through its watch on the ConfigMap while the mounted
+    file is still old (a real kubelet refreshes it only every minute or so), using the token of
+    the ServiceAccount the operator gives dedup pods; partition 2 then moves under load."""
+    from kubernetes import client
+
+    names = Names(k8s_namespace, pipe.name, PipelineSpec.model_validate(
+        yaml.safe_load((REPO / "examples" / "minimal.yaml").read_text())["spec"]))
+    applier = Applier(kube_api)
+    for manifest in dedup_builders.rbac(names):
+        applier.apply(manifest)
+    gen1 = Assignment(1, {0: "pod-a", 1: "pod-a", 2: "pod-a"})
+    applier.apply(dedup_builders.assignment_configmap(names, gen1))
+    token = client.CoreV1Api(kube_api).create_namespaced_service_account_token(
+        names.dedup, k8s_namespace,
+        client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[]))).status.token
+    kubeconfig = pipe.tmp / "dedup-pod.kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+        "clusters": [{"name": "c", "cluster": {"server": control_plane.server,
+                                               "certificate-authority": str(control_plane.ca_cert)}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "pod", "context": {"cluster": "c", "user": "sa"}}]}))
+    # The Role grants that one ConfigMap and nothing else.
+    as_pod = client.CoreV1Api(new_client_from_config(config_file=str(kubeconfig)))
+    as_pod.read_namespaced_config_map(names.assignment_configmap, k8s_namespace)
+    for forbidden in (lambda: as_pod.list_namespaced_config_map(k8s_namespace),
+                      lambda: as_pod.read_namespaced_config_map("kube-root-ca.crt", k8s_namespace)):
+        with pytest.raises(client.ApiException) as e:
+            forbidden()
+        assert e.value.status == 403
+
+    pipe.namespace = k8s_namespace
+    path = pipe.tmp / "assignment.json"
+    path.write_text(json.dumps(gen1.to_json()))
+    watch = ["--assignment-configmap", names.assignment_configmap]
+    env = {"KUBECONFIG": str(kubeconfig)}
+    a = pipe.worker(path, state="a", env=env, extra=["--pod-name", "pod-a", *watch]).start().wait_ready()
+    b = pipe.worker(path, state="b", env=env, extra=["--pod-name", "pod-b", *watch]).start().wait_ready()
+    t, res = background_load(pipe, 20_000, dup_ratio=0.3, rate=8000, seed=19)
+    time.sleep(1)  # mid-load
+    applier.apply(dedup_builders.assignment_configmap(
+        names, Assignment(2, {0: "pod-a", 1: "pod-a", 2: "pod-b"})))
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        sa, sb = a.status(), b.status()
+        if (sa["generation"], sb["generation"]) == (2, 2) and sa["ready"] and sb["ready"]:
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError(f"the ConfigMap's generation 2 was not followed: {a.status()} {b.status()}")
+    assert json.loads(path.read_text())["generation"] == 1  # the file never changed
+    assert sa["owned"] == [0, 1] and sb["owned"] == [2]
+    finish_load(t, res)
+    pipe.wait_drained()
+    assert a.terminate() == 0 and b.terminate() == 0
+    assert not [d for d in a.logs() + b.logs() if "cannot watch" in d.get("msg", "")]
+    rep = pipe.verify()
+    assert_clean(rep)
+    assert rep.out == res["unique"]
 
 
 def test_assignment_file_moves_a_partition_between_workers(pipe):

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+CONFIGMAP_KEY = "assignment.json"  # the key of the published document in the ConfigMap
+
 
 @dataclass(frozen=True)
 class Assignment:

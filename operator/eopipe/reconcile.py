@@ -203,6 +203,7 @@ class Reconciler:
         current = plan.assignment
         out.fields["assignment"] = {"generation": current.generation, **current.to_json()["assignments"]}
         for manifest in (dedup_builders.assignment_configmap(names, current),
+                         *dedup_builders.rbac(names),
                          dedup_builders.headless_service(names),
                          dedup_builders.pod_disruption_budget(names)):
             self.applier.apply(manifest, owner)

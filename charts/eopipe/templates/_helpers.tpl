@@ -71,7 +71,8 @@ creates, which the API server authorizes as both patch and create.
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
   verbs: [get, create, patch]
-# The Spark driver's ServiceAccount, Role and RoleBinding (builders/spark.py driver_rbac).
+# The dedup pods' and the Spark driver's ServiceAccount, Role and RoleBinding
+# (builders/dedup.py rbac, builders/spark.py driver_rbac).
 - apiGroups: [""]
   resources: [serviceaccounts]
   verbs: [get, create, patch]

@@ -1,8 +1,9 @@
 """Kubernetes objects of the dedup stage (spec in, manifests out).
 
 StatefulSet (one RocksDB volume per pod), headless Service (stable pod DNS, metrics scraping),
-PodDisruptionBudget, and the ConfigMap that carries the partition assignment and its
-generation. Owner references are added by the handler, not here.
+PodDisruptionBudget, the ConfigMap that carries the partition assignment and its generation,
+and the pods' ServiceAccount with the one permission they need: watching that ConfigMap.
+Owner references are added by the handler, not here.
 """
 
 from __future__ import annotations
@@ -10,21 +11,22 @@ from __future__ import annotations
 import json
 
 from eopipe import kafkaconf
-from eopipe.assignment import Assignment
+from eopipe.assignment import CONFIGMAP_KEY as ASSIGNMENT_KEY, Assignment
 from eopipe.builders.names import Names
 from eopipe.spec import parse_duration
 
 HTTP_PORT = 8080
 STATE_DIR = "/var/lib/eopipe"
 ASSIGNMENT_DIR = "/etc/eopipe/assignment"
-ASSIGNMENT_KEY = "assignment.json"
 
 
 def worker_args(names: Names, *, bootstrap: str | None = None,
-                assignment_file: str = f"{ASSIGNMENT_DIR}/{ASSIGNMENT_KEY}",
+                assignment_file: str = f"{ASSIGNMENT_DIR}/{ASSIGNMENT_KEY}", watch_configmap: bool = True,
                 state_dir: str = STATE_DIR, http_port: int = HTTP_PORT) -> list[str]:
-    """The worker's command line; the keywords let local runs (demo, tests) place files."""
+    """The worker's command line; the keywords let local runs (demo, tests) place files and
+    run without an API server."""
     spec = names.spec
+    watch = ["--assignment-configmap", names.assignment_configmap] if watch_configmap else []
     return [
         "dedup",
         "--bootstrap", bootstrap or spec.kafka.bootstrap_servers,
@@ -34,6 +36,7 @@ def worker_args(names: Names, *, bootstrap: str | None = None,
         "--pipeline", names.pipeline,
         "--namespace", names.namespace,
         "--assignment-file", assignment_file,
+        *watch,
         "--key", spec.dedup.key.spec_string(),
         "--window", f"{int(parse_duration(spec.dedup.window).total_seconds())}s",
         "--partitioner", spec.source.partitioner,
@@ -92,6 +95,7 @@ def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
                              "annotations": {"prometheus.io/scrape": "true",
                                              "prometheus.io/port": str(HTTP_PORT)}},
                 "spec": {
+                    "serviceAccountName": names.dedup,
                     "containers": [container],
                     # Long enough for a clean stop: commit the open transaction, flush.
                     "terminationGracePeriodSeconds": 30,
@@ -105,6 +109,21 @@ def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
         },
     }
+
+
+def rbac(names: Names) -> list[dict]:
+    """ServiceAccount, Role and RoleBinding of the dedup pods: read and watch the assignment
+    ConfigMap, nothing else (a watch of one object by name satisfies resourceNames)."""
+    meta = {"name": names.dedup, "namespace": names.namespace, "labels": names.labels("dedup")}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                    "resourceNames": [names.assignment_configmap], "verbs": ["get", "list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names.dedup},
+         "subjects": [{"kind": "ServiceAccount", "name": names.dedup, "namespace": names.namespace}]},
+    ]
 
 
 def headless_service(names: Names) -> dict:

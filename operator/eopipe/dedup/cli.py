@@ -41,10 +41,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ap.add_argument("--pipeline", required=True, help="pipeline name (part of transactional.id and group)")
     ap.add_argument("--namespace", default=env("POD_NAMESPACE", "default"),
                     help="namespace (env POD_NAMESPACE; default 'default')")
-    own = ap.add_mutually_exclusive_group(required=True)
-    own.add_argument("--partitions", type=parse_partitions, help="owned partitions, e.g. 0,1,2 or 0-5")
-    own.add_argument("--assignment-file", type=Path,
-                     help='JSON {"generation": g, "assignments": {"<pod>": [partitions]}}, re-read on change')
+    ap.add_argument("--partitions", type=parse_partitions,
+                    help="fixed owned partitions, e.g. 0,1,2 or 0-5 (instead of an assignment)")
+    ap.add_argument("--assignment-file", type=Path,
+                    help='the operator\'s assignment, JSON {"generation": g, "assignments": {"<pod>": '
+                         '[partitions]}}, re-read on change (the mounted ConfigMap)')
+    ap.add_argument("--assignment-configmap", metavar="NAME",
+                    help="the same assignment read from this ConfigMap of --namespace through a watch "
+                         "on the API: seen in a second instead of the kubelet's volume refresh; the "
+                         "newer generation of file and ConfigMap wins")
     ap.add_argument("--pod-name", default=env("POD_NAME"), help="this pod's name in the assignment (env POD_NAME)")
     ap.add_argument("--key", type=KeySpec.parse, default=KeySpec(),
                     help="dedup key: 'key', 'header:NAME' or 'json:FIELD' (default: key)")
@@ -66,7 +71,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="extra librdkafka setting for all clients, repeatable; also read from env "
                          "EOPIPE_KAFKA_* (EOPIPE_KAFKA_SASL_USERNAME -> sasl.username), as the operator sets them")
     ap.add_argument("--log-level", default=env("EOPIPE_LOG_LEVEL", "INFO"))
-    ap.set_defaults(func=cmd_dedup)
+    ap.set_defaults(func=cmd_dedup, parser=ap)
     return ap
 
 
@@ -74,7 +79,8 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
     return WorkerConfig(
         bootstrap=args.bootstrap, source_topic=args.source_topic, output_topic=args.output_topic,
         dlq_topic=args.dlq_topic, pipeline=args.pipeline, namespace=args.namespace,
-        partitions=args.partitions, assignment_file=args.assignment_file, pod_name=args.pod_name,
+        partitions=args.partitions, assignment_file=args.assignment_file,
+        assignment_configmap=args.assignment_configmap, pod_name=args.pod_name,
         key_spec=args.key, window_seconds=args.window, segments=args.segments,
         partitioner=args.partitioner, state_dir=args.state_dir, http_host=args.http_host,
         http_port=args.http_port, commit_interval_ms=args.commit_interval_ms,
@@ -91,4 +97,8 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     import sys
 
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)  # stacks on demand
-    return run(config_from_args(args))
+    try:
+        cfg = config_from_args(args)
+    except ValueError as e:
+        args.parser.error(str(e))  # usage and the reason, exit 2
+    return run(cfg)

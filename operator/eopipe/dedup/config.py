@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eopipe.assignment import Assignment
 from eopipe.keys import KeySpec
+
 
 def parse_partitions(text: str) -> list[int]:
     """`0,1,2` or ranges `0-3,7`."""
@@ -32,9 +31,10 @@ class WorkerConfig:
     pipeline: str
     namespace: str = "default"
     dlq_topic: str | None = None
-    # Ownership: a fixed list, or an assignment file re-read on change.
+    # Ownership: a fixed list, or the operator's assignment (dedup/assignment_source.py).
     partitions: list[int] | None = None
     assignment_file: Path | None = None
+    assignment_configmap: str | None = None
     pod_name: str | None = None
     key_spec: KeySpec = field(default_factory=KeySpec)
     window_seconds: float = 24 * 3600.0
@@ -52,10 +52,11 @@ class WorkerConfig:
     kafka_config: dict[str, str] = field(default_factory=dict)  # extra client settings (security)
 
     def __post_init__(self) -> None:
-        if (self.partitions is None) == (self.assignment_file is None):
-            raise ValueError("give exactly one of --partitions or --assignment-file")
-        if self.assignment_file is not None and not self.pod_name:
-            raise ValueError("--assignment-file needs --pod-name (or env POD_NAME)")
+        follows = self.assignment_file is not None or self.assignment_configmap is not None
+        if (self.partitions is None) != follows:
+            raise ValueError("give either --partitions, or --assignment-file and/or --assignment-configmap")
+        if follows and not self.pod_name:
+            raise ValueError("an assignment needs --pod-name (or env POD_NAME)")
         if self.window_seconds <= 0:
             raise ValueError("the dedup window must be positive")
         if self.segments < 1:
@@ -89,18 +90,6 @@ class WorkerConfig:
     @property
     def me(self) -> str:
         return self.pod_name or "local"
-
-    def read_assignment(self) -> Assignment:
-        """The operator's file (an eopipe.assignment JSON; a pod missing from it owns nothing:
-        it may be about to be scaled away), or the fixed --partitions as generation 0."""
-        if self.partitions is not None:
-            return Assignment(0, {p: self.me for p in self.partitions})
-        return Assignment.from_json(json.loads(self.assignment_file.read_text()))
-
-    def current_assignment(self) -> tuple[int, tuple[int, ...]]:
-        """(generation, owned partitions)."""
-        a = self.read_assignment()
-        return a.generation, tuple(a.partitions_of(self.me))
 
 
 def default_http_host() -> str:

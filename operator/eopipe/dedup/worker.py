@@ -44,6 +44,7 @@ from confluent_kafka.admin import AdminClient
 from eopipe import partitioner as partitioners
 from eopipe.assignment import Assignment, era_count
 from eopipe.dedup import migrate
+from eopipe.dedup.assignment_source import AssignmentSource
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.http import STATES, Heartbeat, HttpServer, Metrics
 from eopipe.dedup.logs import event
@@ -854,6 +855,8 @@ class Worker:
         self._admin = AdminClient({"bootstrap.servers": cfg.bootstrap, "logger": logging.getLogger("rdkafka"),
                                    **cfg.kafka_config})
         self.source = SourceInfo(self._admin, cfg.source_topic)
+        self.assignments = AssignmentSource(cfg.me, cfg.partitions, cfg.assignment_file,
+                                            cfg.namespace, cfg.assignment_configmap)
         self.runners: dict[int, PartitionRunner] = {}
         self.generation: int | None = None
         self.owned: tuple[int, ...] = ()
@@ -962,6 +965,7 @@ class Worker:
         self.http = HttpServer(cfg.http_host, cfg.http_port, self.metrics, self.status, self.ready,
                                self.heartbeat.alive, files=self.files)
         self.http.start()
+        self.assignments.start()
         event(log, INFO, "dedup worker starting", pipeline=cfg.pipeline, namespace=cfg.namespace,
               source=cfg.source_topic, output=cfg.output_topic, dlq=cfg.dlq_topic,
               key=str(cfg.key_spec), window_seconds=cfg.window_seconds,
@@ -989,6 +993,7 @@ class Worker:
                 self.metrics.memory.labels(kind).set(mem[kind])
             self._halt.wait(0.5)
         event(log, INFO, "stopping: committing open transactions")
+        self.assignments.stop()
         for r in self.runners.values():
             r.stop()
         for r in self.runners.values():
@@ -1001,7 +1006,7 @@ class Worker:
 
     def _follow_assignment(self) -> None:
         try:
-            a = self.cfg.read_assignment()
+            a = self.assignments.read()
         except (OSError, ValueError, KeyError, TypeError) as e:
             if self.generation is None:
                 event(log, WARNING, "assignment not readable yet", error=str(e))
