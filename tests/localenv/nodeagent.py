@@ -33,7 +33,7 @@ Rules (what a pod sees):
   persistentVolumeClaim -> the bound PV's hostPath (the agent's own PVs live in
   `<workdir>/volumes/<ns>/<claimName>` and outlive pods); emptyDir -> a per-pod directory
   deleted with the pod; configMap / secret / downwardAPI / projected -> files materialised in
-  a per-pod directory and refreshed every few seconds; hostPath -> the path itself.
+  a per-pod directory and refreshed every 5 s (env EOPIPE_NODEAGENT_VOLUME_REFRESH_SECONDS); hostPath -> the path itself.
   MOUNT PATH REWRITE RULE: every occurrence of a volumeMount's `mountPath` at the start of a
   path (not preceded by a path character, followed by `/` or a non-path character) in the
   container's command, args, workingDir and env values (those the pod spec sets) is replaced
@@ -100,7 +100,9 @@ BACKOFF_START = 1.0
 BACKOFF_MAX = 10.0
 BACKOFF_RESET_AFTER = 60.0
 HEARTBEAT_PERIOD = 10.0
-VOLUME_REFRESH_PERIOD = 5.0
+# A kubelet refreshes configMap/secret volumes every sync period plus cache TTL (~60-90 s);
+# set this to 60 to see what a product would do on a real node.
+VOLUME_REFRESH_PERIOD = float(os.environ.get("EOPIPE_NODEAGENT_VOLUME_REFRESH_SECONDS", "5"))
 FINAL_DELETE_DELAY = 1.0
 STORAGE_CLASS = "local"
 PROVISIONER = "eopipe.dev/local-test"
