@@ -110,6 +110,11 @@ def _reshard(pipe, workers, owners_before, new_count, gen, history, rid=None):
     offsets = {str(tp.partition): max(0, tp.offset) for tp in
                c.committed([TopicPartition(pipe.source, p) for p in range(old)], timeout=30)}
     c.close()
+    # The boundaries are exactly where each partition stopped: a paused pod's last commit is
+    # visible to other clients (a stale boundary loses keys for a later rebuild).
+    stopped = {d["partition"]: d["committed"] for w in workers.values() for d in w.logs()
+               if d.get("msg") == "partition stopped"}
+    assert {int(p): o for p, o in offsets.items()} == {p: stopped[p] for p in range(old)}, stopped
     admin = AdminClient({"bootstrap.servers": pipe.bootstrap})
     admin.create_partitions([NewPartitions(pipe.source, new_count)])[pipe.source].result(30)
     pipe.partitions = new_count

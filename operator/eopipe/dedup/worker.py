@@ -1022,9 +1022,11 @@ class Worker:
         runnable = self.runnable()
         stopped: dict[int, int] = {}
         for p in [p for p in self.runners if p not in runnable]:
-            r = self.runners.pop(p)
+            r = self.runners[p]
             r.stop()
             r.join(60)
+            # Removed only now: until its last commit is done, /status must not call it paused.
+            del self.runners[p]
             if r.is_alive():
                 self._stuck.append(r)
             stopped[p] = int(time.time() * 1000)
