@@ -40,18 +40,16 @@ class ConfigMapWatch(threading.Thread):
 
     def run(self) -> None:
         # Imported here: workers with --partitions or a file only never load the client.
-        from kubernetes import client, config, watch
+        from kubernetes import client, watch
+
+        from eopipe.kube import load_config
 
         try:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
+            core = client.CoreV1Api(load_config())
         except Exception as e:  # noqa: BLE001
             event(log, WARNING, "no Kubernetes credentials: following the mounted assignment file only",
                   error=str(e))
             return
-        core = client.CoreV1Api()
         backoff, failing = 1.0, False
         while not self._stop.is_set():
             self._watch = watch.Watch()
