@@ -1,10 +1,10 @@
 # syntax=docker/dockerfile:1
-# eopipe images (DESIGN.md section 1):
+# eopipe images (docs/design.md#architecture):
 #   docker build --target operator -t eopipe:0.1.0 .        operator and dedup worker (default)
 #   docker build --target spark    -t eopipe-spark:0.1.0 .  Spark + pyspark + spark_app + Kafka jars
 # Every build step fetches from package registries only: pip (PyPI), apt (Debian), Maven
 # (Maven Central, through hack/fetch-spark-jars.sh and hack/spark/pom.xml). No curl, no wget.
-# tests/test_dockerfile.py checks this file statically (no Docker engine runs in CI here).
+# tests/unit/test_dockerfile.py checks this file statically (no Docker engine runs in CI here).
 
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 

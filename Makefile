@@ -5,15 +5,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export EOPIPE_CACHE ?= $(HOME)/.cache/eopipe
 
-.PHONY: help deps venv kafka k8s tools spark-jars test test-fast demo bench kind-e2e clean
+.PHONY: help deps venv kafka k8s tools spark-jars test test-unit test-fast test-node cluster cluster-down soak demo bench bench-peers kind-e2e clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+# Two stamps: the unit tier needs only the package and pytest; the rest adds Spark and plots.
+$(VENV)/.installed-unit: pyproject.toml
 	@echo "==> Python virtualenv $(VENV) (pip's cache makes later runs quick)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -qq -e '.[test]'
+	@touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-unit
 	$(PY) -m pip install -qq -e '.[test,spark,bench]'
 	@touch $@
 
@@ -25,7 +30,7 @@ kafka: ## Kafka broker jars (Maven, cached)
 k8s: ## Kubernetes control-plane binaries and etcd (built from Go modules, cached)
 	@bash hack/build-k8s.sh >/dev/null
 
-tools: ## helm and kubeconform for the chart tests (Go module proxy, cached)
+tools: ## helm, kubeconform, promtool (chart and alert tests) and toxiproxy (network faults); Go module proxy, cached
 	@bash hack/build-tools.sh >/dev/null
 
 spark-jars: venv ## Spark's Kafka connector jars (Maven, cached)
@@ -33,17 +38,39 @@ spark-jars: venv ## Spark's Kafka connector jars (Maven, cached)
 
 deps: venv kafka k8s tools spark-jars ## everything the tests and the demo need
 
-test: deps ## the whole test suite: unit, real Kafka, real control plane, fault tests
-	$(PY) -m pytest
+test: deps ## the whole test suite: unit, integration (real Kafka, control plane, Spark), e2e, node tier and fault tests
+	EOPIPE_NODE_TESTS=1 $(PY) -m pytest
+
+test-unit: $(VENV)/.installed-unit ## the unit tier alone: no services, no Kafka, Java or Go (under a minute)
+	$(PY) -m pytest tests/unit
 
 test-fast: deps ## everything but the long fault tests
 	$(PY) -m pytest -m "not slow"
+
+DURATION ?= 10m
+SEED ?=
+soak: deps ## randomized faults on three brokers under duplicated load, then verify (DURATION=10m SEED=n); report in .work/
+	@mkdir -p .work
+	EOPIPE_SOAK_DURATION=$(DURATION) EOPIPE_SOAK_SEED=$(SEED) EOPIPE_SOAK_REPORT=$(CURDIR)/.work/soak-report.json \
+		$(PY) -m pytest tests/soak -s -p no:cacheprovider
 
 demo: deps ## the main job: a pipeline end to end with duplicates and faults, then verify (DEMO_ARGS=--quick|--break-dedup)
 	$(PY) hack/demo.py $(DEMO_ARGS)
 
 bench: deps ## benchmarks side by side, one table
 	$(PY) -m bench
+
+bench-peers: deps ## the throughput table alone: eopipe vs Kafka Streams, Java copiers, Spark dedup
+	$(PY) -m bench --peers
+
+cluster: $(VENV)/.installed-unit ## node tier: kubelet + containerd in a network namespace, the project's image (root)
+	$(PY) -m localenv.node up
+
+cluster-down: ## stop the node tier and remove everything it made
+	$(PY) -m localenv.node down
+
+test-node: $(VENV)/.installed-unit ## the node tier's tests alone (also in `make test`; root)
+	EOPIPE_NODE_TESTS=1 $(PY) -m pytest tests/e2e/test_node_tier.py -m node
 
 kind-e2e: ## end to end on a kind cluster (needs Docker, kind, helm; not run in CI: see hack/kind-e2e.sh)
 	bash hack/kind-e2e.sh

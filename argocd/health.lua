@@ -1,14 +1,15 @@
 -- Argo CD health check for eopipe.dev/ExactlyOncePipeline.
 -- Install: argocd/README.md (argocd-cm resource.customizations.health.eopipe.dev_ExactlyOncePipeline).
--- Reads what the operator writes (operator/eopipe/status.py): status.observedGeneration,
+-- Reads what the operator writes (operator/eopipe/control/status.py): status.observedGeneration,
 -- status.conditions (Ready, Reconciling, Stalled, TopicsReady, DedupReady, ProcessingReady),
 -- status.phase and, while partitions move, status.rebalance. Lua 5.1 (Argo CD's gopher-lua).
 --
 --   Progressing  no status yet, or generation not observed yet (checked first: conditions
 --                of an older generation say nothing about the current spec)
---   Degraded     Stalled=True (InvalidSpec, NotSupported), or Ready or a stage condition
---                False with a failure reason: SparkFailed, SparkOperatorMissing,
---                KafkaUnavailable
+--   Degraded     Stalled=True (InvalidSpec, NotSupported, Conflict), or Ready or a stage
+--                condition False with a failure reason: SparkFailed, SparkOperatorMissing,
+--                KafkaUnavailable, ApplyFailed, HangingTransaction, AdoptedTopicMismatch,
+--                LagGrowing, ImageNotAllowed
 --   Suspended    spec.paused and the operator has acted on it
 --   Progressing  a rebalance running, Reconciling=True, or Ready=False for another reason
 --   Healthy      Ready=True for the current generation, nothing moving
@@ -19,6 +20,12 @@ local FAILURE_REASONS = {
   SparkFailed = true,          -- the Spark application failed (it restarts OnFailure)
   SparkOperatorMissing = true, -- no SparkApplication kind in the cluster
   KafkaUnavailable = true,     -- the operator could not reach Kafka within its timeout
+  ApplyFailed = true,          -- the API server refused an object (e.g. an immutable field)
+  AdoptedTopicMismatch = true, -- a topic eopipe did not create lacks what the pipeline needs
+  Conflict = true,             -- another, older pipeline writes one of this one's topics
+  HangingTransaction = true,   -- an open transaction holds the output's read_committed readers
+  LagGrowing = true,           -- the dedup lag stayed above spec.dedup.lagThreshold for its window
+  ImageNotAllowed = true,      -- an image in the spec is outside the operator's allowed registries
 }
 
 local function condition(status, type_)

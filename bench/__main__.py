@@ -1,7 +1,10 @@
 """`make bench`: the benchmarks side by side on one broker, in one run, as one table.
 
 Steps (each module's docstring says exactly what it measures):
-  dedup_vs_copy  dedup worker (exactly-once) vs a plain at-least-once copier: records/s, ratio
+  dedup_vs_copy  dedup worker (exactly-once) vs a plain at-least-once copier: records/s, ratio;
+                 with the peers (bench/peers/: Java copiers, Kafka Streams exactly_once_v2 dedup,
+                 Spark dropDuplicatesWithinWatermark, its duplicates after a driver SIGKILL) as
+                 ratios against eopipe. --peers runs this table alone; --quick leaves the peers out
   latency        Spark stage end to end, produce -> exactly-once Kafka sink: p50/p99
   recovery       dedup worker SIGKILLed under steady load, 1M keys: time to commit again
   migration      handoff of a 1M-key partition: snapshot vs rebuild pause, MB/s
@@ -11,9 +14,10 @@ Prints the detail table of each step, then one combined table (stdout; progress 
 stderr); writes the combined table and the details as JSON and a plot as PNG. Absolute
 numbers drift on a shared 2-core machine; compare the rows of one run. The full run takes
 3.5 to 6 minutes on 2 cores (0.5 to 2 of them pre-building the 10M-key store; the disk peaks
-near 0.5 GB under .work/bench, removed after); --quick is a smoke run with small sizes (~1.5 min).
+near 0.5 GB under .work/bench, removed after), plus about 5 for the peers (--peers alone: 5.4
+min); --quick is a smoke run with small sizes and no peers (~1.5 min).
 
-    python -m bench [--quick] [--skip latency,...] [--bootstrap HOST:PORT] [--json FILE] [--png FILE]
+    python -m bench [--quick] [--peers | --no-peers] [--skip latency,...] [--bootstrap HOST:PORT] [--json FILE] [--png FILE]
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[st
     rates = tuple(int(r) for r in opts.rates.split(","))
     calls = {
         "dedup_vs_copy": lambda: dedup_vs_copy.bench(bootstrap, work / "dedup_vs_copy", records=opts.records,
-                                                     rounds=opts.rounds, progress=say),
+                                                     rounds=opts.rounds, progress=say, peers=opts.peers),
         "latency": lambda: latency.bench(bootstrap, work / "latency", rates=rates, seconds=opts.latency_seconds,
                                          progress=say),
         "recovery": lambda: recovery.bench(bootstrap, work, keys=opts.recovery_keys, rate=opts.recovery_rate,
@@ -98,11 +102,33 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
 
     copy_notes = f"{opts.records:,} records (20% resends), 4 partitions, best of {opts.rounds}"
     row("dedup_vs_copy", "copy_records_per_s", "plain copy (at-least-once)", "records/s", copy_notes,
-        lambda r: r[0]["records_per_s"])
+        lambda r: r["rows"][0]["records_per_s"])
     row("dedup_vs_copy", "dedup_records_per_s", "dedup worker (exactly-once)", "records/s", copy_notes,
-        lambda r: r[1]["records_per_s"])
+        lambda r: r["rows"][1]["records_per_s"])
     row("dedup_vs_copy", "dedup_vs_copy_ratio", "dedup / copy throughput", "ratio", "records/s over records/s",
-        lambda r: r[1]["records_per_s"] / r[0]["records_per_s"])
+        lambda r: r["rows"][1]["records_per_s"] / r["rows"][0]["records_per_s"])
+    if opts.peers:
+        from bench.contestants import ALL
+
+        def peer_row(r, cid):
+            return next(x for x in r["rows"] if x["id"] == cid)
+
+        for c in (c for c in ALL if c.peer):
+            def notes(c=c):
+                try:
+                    p = peer_row(results["dedup_vs_copy"], c.id)
+                except (KeyError, StopIteration):
+                    return c.guarantee
+                return (f"{c.name}: CPU {p['cpu_us_per_record']:.1f} µs/record ({p['cpu_vs_eopipe']:.1f}x "
+                        f"eopipe), RSS {p['max_rss_mb']:.0f} MB")
+            row("dedup_vs_copy", f"{c.id}_records_per_s", f"peer: {c.short}", "records/s", notes(),
+                lambda r, c=c: peer_row(r, c.id)["records_per_s"])
+            row("dedup_vs_copy", f"{c.id}_vs_eopipe", f"peer: {c.short} / eopipe", "ratio",
+                f"records/s over eopipe's, {c.guarantee}", lambda r, c=c: peer_row(r, c.id)["vs_eopipe"])
+        kill = (results.get("dedup_vs_copy") or {}).get("spark_kill") or {}
+        row("dedup_vs_copy", "spark_dedup_duplicated_after_kill", "peer: Spark dedup, dup keys after SIGKILL",
+            "keys", f"of {kill.get('unique', 0):,} unique, {kill.get('lost', '?')} lost; "
+            "restart from checkpoint, counted by eopipe verify", lambda r: r["spark_kill"]["duplicated"])
     for i, rate in enumerate(int(r) for r in opts.rates.split(",")):
         notes = f"Spark, exactly-once Kafka sink, trigger 1s, {rate}/s for {opts.latency_seconds:.0f}s"
         row("latency", f"latency_p50_ms_{rate}", f"end-to-end latency p50 at {rate}/s", "ms", notes,
@@ -163,10 +189,15 @@ def plot(results: dict, rows: list[dict], path: Path, title: str) -> None:
         ax.margins(y=0.15)
 
     ax = axes[0][0]
-    bars(ax, ["plain copy\n(at-least-once)", "dedup worker\n(exactly-once)"],
-         [val.get("copy_records_per_s"), val.get("dedup_records_per_s")], "records/s",
+    peers = [r for r in rows if r["id"].endswith("_records_per_s") and r["metric"].startswith("peer: ")]
+    bars(ax, ["plain copy\n(at-least-once)", "dedup worker\n(exactly-once)"]
+         + [r["metric"][6:] for r in peers],
+         [val.get("copy_records_per_s"), val.get("dedup_records_per_s")] + [r["value"] for r in peers], "records/s",
          "throughput" + (f" (dedup/copy {val['dedup_vs_copy_ratio']:.2f})"
-                         if val.get("dedup_vs_copy_ratio") is not None else ""), ["#999999", "#1f77b4"])
+                         if val.get("dedup_vs_copy_ratio") is not None else ""),
+         ["#999999", "#1f77b4"] + ["#ff7f0e"] * len(peers))
+    if peers:
+        plt.setp(ax.get_xticklabels(), fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
 
     ax = axes[0][1]
     lat = results.get("latency") or []
@@ -227,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a smoke run with small sizes (defaults: %s)" % QUICK)
     ap.add_argument("--skip", default="", help=f"steps to leave out, comma separated, of {','.join(STEPS)}")
+    ap.add_argument("--peers", action="store_true", default=None,
+                    help="only the throughput table, with the peers (make bench-peers)")
+    ap.add_argument("--no-peers", dest="peers", action="store_false", help="leave the peers out")
     ap.add_argument("--bootstrap", help="an existing broker (default: start the local test broker)")
     ap.add_argument("--records", type=int, help=f"dedup_vs_copy: records in the source ({FULL['records']})")
     ap.add_argument("--rounds", type=int, help=f"dedup_vs_copy: rounds per contestant ({FULL['rounds']})")
@@ -249,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     skip = {s for s in args.skip.split(",") if s}
     if skip - set(STEPS):
         ap.error(f"unknown steps in --skip: {','.join(sorted(skip - set(STEPS)))}")
+    if args.peers:
+        skip = set(STEPS) - {"dedup_vs_copy"}
+    elif args.peers is None:
+        args.peers = not args.quick
+        if args.quick:
+            say("peers left out in --quick: JVM and Spark start-up would be most of a small run (--peers runs "
+                "them; tests/integration/test_bench.py runs each at a tiny count)")
 
     sys.path.insert(0, str(REPO))
     started = datetime.datetime.now().astimezone()

@@ -23,6 +23,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from eopipe.core.names import consumer_group
+
 REPO = Path(__file__).resolve().parents[1]
 WINDOW_MS = 24 * 3600 * 1000     # the workers run with --window 24h and the default 4 segments
 SEGMENTS = 4
@@ -93,7 +95,7 @@ def broker(workdir: Path, bootstrap: str | None = None):
         yield bootstrap
         return
     sys.path.insert(0, str(REPO))
-    from tests.localenv.kafka import KafkaBroker
+    from localenv.kafka import KafkaBroker
 
     shutil.rmtree(workdir, ignore_errors=True)  # a fresh broker each run
     b = KafkaBroker(workdir)
@@ -133,7 +135,7 @@ class Worker:
     """`python -m eopipe.dedup` following an assignment file, as a dedup pod runs it."""
 
     def __init__(self, name: str, bootstrap: str, topics: tuple[str, str, str], assignment: Path, work: Path,
-                 pipeline: str):
+                 pipeline: str, memory_mb: int = 256):
         self.name, self.port = name, free_port()
         self.state = work / f"state-{name}"
         self.log = work / f"{name}.log"
@@ -141,8 +143,8 @@ class Worker:
         self.cmd = [python(), "-m", "eopipe.dedup", "--bootstrap", bootstrap, "--source-topic", src,
                     "--output-topic", out, "--dlq-topic", dlq, "--pipeline", pipeline, "--namespace", "bench",
                     "--assignment-file", str(assignment), "--pod-name", name, "--state-dir", str(self.state),
-                    "--http-port", str(self.port), "--memory-mb", "256", "--window", "24h"]
-        self.group = f"bench.{pipeline}.dedup"
+                    "--http-port", str(self.port), "--memory-mb", str(memory_mb), "--window", "24h"]
+        self.group = consumer_group("bench", pipeline)
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.start()
@@ -150,7 +152,10 @@ class Worker:
     def start(self) -> None:
         """Starts the process (again: same state directory and port, like a restarted pod)."""
         self.proc = subprocess.Popen(self.cmd, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT, cwd=REPO,
-                                     env={**os.environ, "EOPIPE_HANDOFF_TIMEOUT_SECONDS": "30"})
+                                     env={**os.environ, "EOPIPE_HANDOFF_TIMEOUT_SECONDS": "30",
+                                          # the pipeline's token, as the operator gives it to every pod:
+                                          # without one, workers refuse state transfer (rebuild only)
+                                          "EOPIPE_TOKEN": "bench-token"})
 
     def status(self) -> dict:
         try:
@@ -275,7 +280,7 @@ def dir_bytes(path: Path) -> int:
 # -- a paced load ---------------------------------------------------------------------------------
 class Load(threading.Thread):
     """Produces keyed events at `rate` per second into partition 0 of `topic` until stopped or
-    `count` are sent: new events (eopipe.loadgen's), a share of resends of recent ones, and a
+    `count` are sent: new events (eopipe.tools.loadgen's), a share of resends of recent ones, and a
     share of re-sends of pre-built keys (`old_keys` > 0): duplicates only the store can catch."""
 
     def __init__(self, bootstrap: str, topic: str, rate: float, *, count: int | None = None,
@@ -290,7 +295,7 @@ class Load(threading.Thread):
         self.error: BaseException | None = None
 
     def _next(self, recent: list) -> tuple[bytes, bytes, int]:
-        from eopipe.loadgen import _event
+        from eopipe.tools.loadgen import _event
 
         now = int(time.time() * 1000)
         r = self.rng.random()

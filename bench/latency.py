@@ -27,7 +27,6 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from bench.common import percentile, say, standalone
 
 
-
 class _SinkWatcher(threading.Thread):
     """Consumes the sink topic (read_committed) and records latency per event id."""
 
@@ -55,9 +54,9 @@ class _SinkWatcher(threading.Thread):
 
 def bench(bootstrap: str, workdir: Path, rates: tuple[int, ...] = (100, 1000), seconds: float = 20,
           trigger: str = "1s", progress=print) -> list[dict]:
-    from eopipe.loadgen import run_load
-    from tests.localenv.fixtures_spark import ensure_spark_jars
-    from tests.localenv.sparkrunner import DriverProcess
+    from eopipe.tools.loadgen import run_load
+    from localenv.fixtures_spark import ensure_spark_jars
+    from localenv.sparkrunner import DriverProcess
 
     run_id = uuid.uuid4().hex[:6]
     src, out, commits = f"lat-{run_id}.deduped", f"lat-{run_id}-out", f"lat-{run_id}.commits"

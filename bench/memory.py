@@ -4,8 +4,9 @@ and 10,000,000 keys, while it processes a small load.
 For each size, a 1-partition source topic and a store pre-built with that many keys directly
 through eopipe.dedup.store's API (bench.common.prebuild_store: StateStore.apply(), as the
 worker writes it; feeding 10M records through Kafka would take most of an hour here), keys
-spread over 20 h of event time. The worker (`python -m eopipe.dedup`, --memory-mb 256, the
-default budget for RocksDB's block cache + memtables) opens it and must trust it: its
+spread over 20 h of event time. The worker (`python -m eopipe.dedup`, --memory-mb 256 unless
+given: the budget for RocksDB's block cache + memtables; the operator derives it from the dedup
+container's memory limit, 409 for the default 1Gi) opens it and must trust it: its
 recovery says "none" and its /status counts the keys (checked). Then `load` records
 (default 20,000, at 5,000/s) go through it, 10% of them re-sends of pre-built keys: each of
 those must be dropped as a duplicate (checked against /metrics), which proves the lookups
@@ -15,7 +16,7 @@ Reported: peak RSS (VmHWM of /proc/<pid>/status: the whole life of the process, 
 included), RSS at the end, RocksDB's block cache usage (/status), and the store's size on
 disk. The state is deleted after each size.
 
-    python -m bench.memory [--sizes 1000000,10000000] [--load N] [--bootstrap HOST:PORT]
+    python -m bench.memory [--sizes 1000000,10000000] [--load N] [--memory-mb MB] [--bootstrap HOST:PORT]
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import (Load, Setup, Worker, dir_bytes, prebuild_store, say, single_owner,
-                          standalone, wait)
+from bench.common import Load, Setup, Worker, dir_bytes, prebuild_store, say, single_owner, standalone, wait
 from bench.recovery import check_trusted
 
 
-def _one(bootstrap: str, workdir: Path, keys: int, load: int, rate: float, progress) -> dict:
-    from eopipe.verify import wait_for_group
+def _one(bootstrap: str, workdir: Path, keys: int, load: int, rate: float, progress, memory_mb: int = 256) -> dict:
+    from eopipe.tools.verify import wait_for_group
 
     run = Setup(bootstrap, workdir, "memory", "mem")
     topics, work = run.topics, run.work
@@ -41,7 +41,7 @@ def _one(bootstrap: str, workdir: Path, keys: int, load: int, rate: float, progr
         disk = dir_bytes(work / "state-m")
         path = work / "assignment.json"
         single_owner(path, "m")
-        w = Worker("m", bootstrap, topics, path, work, run.pipeline)
+        w = Worker("m", bootstrap, topics, path, work, run.pipeline, memory_mb=memory_mb)
         try:
             t0 = time.monotonic()
             check_trusted(wait(lambda: w.running(0, 1), 600, "worker running"), keys)
@@ -78,10 +78,10 @@ def _one(bootstrap: str, workdir: Path, keys: int, load: int, rate: float, progr
 
 
 def bench(bootstrap: str, workdir: Path, sizes=(1_000_000, 10_000_000), load: int = 20_000, rate: float = 5000,
-          progress=say) -> list[dict]:
+          progress=say, memory_mb: int = 256) -> list[dict]:
     rows = []
     for keys in sizes:
-        rows.append(_one(bootstrap, workdir, keys, load, rate, progress))
+        rows.append(_one(bootstrap, workdir, keys, load, rate, progress, memory_mb))
         progress(f"memory: {rows[-1]}")
     return rows
 
@@ -103,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     def options(ap):
         ap.add_argument("--sizes", default="1000000,10000000", help="keys per run, comma separated")
         ap.add_argument("--load", type=int, default=20_000, help="records processed per size (default 20000)")
+        ap.add_argument("--memory-mb", type=int, default=256, help="the worker's RocksDB budget (default 256)")
     return standalone("bench.memory", __doc__, options, table, argv, lambda bootstrap, work, a: bench(
-        bootstrap, work, sizes=[int(s) for s in a.sizes.split(",")], load=a.load))
+        bootstrap, work, sizes=[int(s) for s in a.sizes.split(",")], load=a.load, memory_mb=a.memory_mb))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from bench.common import Setup, Worker, say, standalone, wait, write_json
 
 
 def bench(bootstrap: str, workdir: Path, keys: int = 1_000_000, progress=print) -> list[dict]:
-    from eopipe.loadgen import run_load
+    from eopipe.tools.loadgen import run_load
 
     run = Setup(bootstrap, workdir, "migration", "mig")
     topics, work = run.topics, run.work

@@ -33,8 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import (GroupLag, Load, Setup, Worker, percentile, prebuild_store, say, single_owner,
-                          standalone, wait)
+from bench.common import GroupLag, Load, Setup, Worker, percentile, prebuild_store, say, single_owner, standalone, wait
 
 
 def check_trusted(part: dict, keys: int) -> None:

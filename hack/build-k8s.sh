@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Builds the local Kubernetes control plane used by the tests and the demo (DESIGN.md section 6):
+# Builds the local Kubernetes control plane used by the tests and the demo (docs/design.md#the-local-environment):
 # kube-apiserver, kube-controller-manager, kube-scheduler and kubectl from the k8s.io/kubernetes
 # Go module (wrapper module hack/k8s), and etcd from go.etcd.io/etcd/server/v3 (hack/etcd).
+# With --node it also builds kubelet and kube-proxy (same module and version) for the node tier
+# (localenv/node/); without it they are neither built nor required.
 #
 # Idempotent: binaries land in $EOPIPE_CACHE/k8s-<version>/bin and $EOPIPE_CACHE/etcd-<version>/bin;
 # when they all exist the script prints "cached" and does nothing. Each binary is linked under a
@@ -19,6 +21,7 @@ ETCD_DIR="$EOPIPE_CACHE/etcd-$ETCD_VERSION"
 K8S_BIN="$K8S_DIR/bin"
 ETCD_BIN="$ETCD_DIR/bin"
 K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+[[ "${1:-}" == "--node" ]] && K8S_CMDS+=(kubelet kube-proxy)
 
 all_present() {
   local c

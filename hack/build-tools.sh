@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
 # Builds the chart tooling from the Go module proxy (nothing else is reachable): helm
-# (helm.sh/helm/v3) and kubeconform (github.com/yannh/kubeconform), pinned below.
+# (helm.sh/helm/v3), kubeconform (github.com/yannh/kubeconform) and promtool (the alert
+# rules' checker and unit-test runner, github.com/prometheus/prometheus) and toxiproxy (the TCP
+# fault proxy of the Kafka network fault tests, github.com/Shopify/toxiproxy/v2), pinned below.
 #
 # Idempotent: each tool lands in $EOPIPE_CACHE/tools-<name>-<version>/bin/<name>; when it is
 # there already the script does nothing for it. A binary is linked under a temporary name and
 # renamed into place, so an interrupted build never leaves something that counts as cached.
 # One go build at a time (the machines are small). Prints the bin directories on stdout (one
-# per line, helm first), progress on stderr.
+# per line, in the order asked: helm, kubeconform, promtool, toxiproxy by default), progress on
+# stderr.
 #
-# Usage: hack/build-tools.sh [helm|kubeconform ...]   (default: both)
+# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy ...]   (default: all four)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 HELM_VERSION="${HELM_VERSION:-v3.21.4}"
 KUBECONFORM_VERSION="${KUBECONFORM_VERSION:-v0.8.0}"
+# Prometheus tags its Go module v0.3MM.P for release 3.MM.P (v0.316.0 is Prometheus 3.16.0):
+# `go list -m -versions github.com/prometheus/prometheus` lists them.
+PROMTOOL_VERSION="${PROMTOOL_VERSION:-v0.316.0}"
+# The proxy lists v2.3.0 and v2.5.0 for the /v2 module (`go list -m -versions`); v2.5.0 is @latest.
+TOXIPROXY_VERSION="${TOXIPROXY_VERSION:-v2.5.0}"
 
 tool_version() {
   case "$1" in
     helm) echo "$HELM_VERSION" ;;
     kubeconform) echo "$KUBECONFORM_VERSION" ;;
-    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform)" >&2; exit 2 ;;
+    promtool) echo "$PROMTOOL_VERSION" ;;
+    toxiproxy) echo "$TOXIPROXY_VERSION" ;;
+    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy)" >&2; exit 2 ;;
   esac
 }
 
@@ -26,6 +36,19 @@ tool_package() {
   case "$1" in
     helm) echo "helm.sh/helm/v3/cmd/helm" ;;
     kubeconform) echo "github.com/yannh/kubeconform/cmd/kubeconform" ;;
+    promtool) echo "github.com/prometheus/prometheus/cmd/promtool" ;;
+    # The server only (its HTTP API is driven by localenv/toxiproxy.py); the binary is named
+    # after its package directory, so it is renamed to toxiproxy below.
+    toxiproxy) echo "github.com/Shopify/toxiproxy/v2/cmd/server" ;;
+  esac
+}
+
+tool_tags() {
+  case "$1" in
+    # Rules need no service discovery: remove_all_sd leaves out its ~25 SD plugins and their
+    # cloud SDKs (`promtool check config` then knows only the static, file and HTTP ones).
+    promtool) echo "netgo,remove_all_sd" ;;
+    *) echo "" ;;
   esac
 }
 
@@ -48,6 +71,15 @@ tool_ldflags() {
       echo "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean$x"
       ;;
     kubeconform) echo "-s -w -X main.version=$KUBECONFORM_VERSION" ;;
+    toxiproxy) echo "-s -w -X github.com/Shopify/toxiproxy/v2.Version=$TOXIPROXY_VERSION" ;;
+    promtool)
+      # `promtool --version` shows the release (v0.316.0 -> 3.16.0), as Prometheus's .promu.yml stamps it.
+      local minor patch release
+      minor="$(echo "$PROMTOOL_VERSION" | cut -d. -f2)"
+      patch="$(echo "$PROMTOOL_VERSION" | cut -d. -f3)"
+      release="$((10#$minor / 100)).$((10#$minor % 100)).$patch"
+      echo "-s -w -X github.com/prometheus/common/version.Version=$release -X github.com/prometheus/common/version.Branch=HEAD"
+      ;;
   esac
 }
 
@@ -72,8 +104,10 @@ build_tool() {
   # `go install pkg@version` builds in module mode from the module's own go.mod/go.sum
   # (checked against the checksum database), independent of this repository.
   GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS="-buildvcs=false" \
-    go install -trimpath -ldflags "$ldflags" "$pkg@$version"
-  [[ -x "$tmp/$name" ]] || { echo "build-tools.sh: go install produced no $name" >&2; rm -rf "$tmp"; exit 1; }
+    go install -trimpath -tags "$(tool_tags "$name")" -ldflags "$ldflags" "$pkg@$version"
+  local built="$tmp/$(basename "$pkg")"
+  [[ -x "$built" ]] || { echo "build-tools.sh: go install produced no $name" >&2; rm -rf "$tmp"; exit 1; }
+  [[ "$built" == "$tmp/$name" ]] || mv -f "$built" "$tmp/$name"
   mv -f "$tmp/$name" "$bin/$name"
   rm -rf "$tmp"
   printf 'built %s %s on %s in %ss (go %s)\n' "$name" "$version" \
@@ -83,5 +117,5 @@ build_tool() {
 }
 
 tools=("$@")
-((${#tools[@]})) || tools=(helm kubeconform)
+((${#tools[@]})) || tools=(helm kubeconform promtool toxiproxy)
 for t in "${tools[@]}"; do build_tool "$t"; done

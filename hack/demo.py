@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`make demo`: the payments pipeline end to end on a local cluster, with faults, then its verdict.
 
-What runs (all real, as local processes; see tests/localenv/):
+What runs (all real, as local processes; see localenv/):
   Kafka (KRaft, transactions), a Kubernetes control plane (etcd, kube-apiserver,
   controller-manager, scheduler), a node agent that runs pods as processes, and a stand-in
   for the Spark Operator. The eopipe operator is installed with the Helm chart and runs as a
@@ -39,16 +39,15 @@ sys.path.insert(0, str(REPO))
 import yaml  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 
-from eopipe.assignment import Assignment, assign  # noqa: E402
-from eopipe.builders.dedup import worker_args  # noqa: E402
-from eopipe.builders.names import Names  # noqa: E402
-from eopipe.builders.topics import desired_topics  # noqa: E402
-from eopipe.keys import KeySpec  # noqa: E402
-from eopipe.loadgen import run_load  # noqa: E402
-from eopipe.spec import PipelineSpec  # noqa: E402
-from eopipe.topics import ensure_topics  # noqa: E402
-from eopipe.verify import Report, verify, wait_for_group  # noqa: E402
-from tests.localenv.kafka import KafkaBroker, free_port  # noqa: E402
+from eopipe.control.builders.dedup import worker_args  # noqa: E402
+from eopipe.control.builders.topics import desired_topics  # noqa: E402
+from eopipe.control.topics import ensure_topics  # noqa: E402
+from eopipe.core.assignment import Assignment, assign  # noqa: E402
+from eopipe.core.names import Names  # noqa: E402
+from eopipe.core.spec import RESOURCE, PipelineSpec  # noqa: E402
+from eopipe.tools.loadgen import run_load  # noqa: E402
+from eopipe.tools.verify import Report, verify, wait_for_group  # noqa: E402
+from localenv.kafka import KafkaBroker, free_port  # noqa: E402
 
 T0 = time.monotonic()
 NS = "demo"
@@ -114,7 +113,7 @@ def drain_and_verify(bootstrap: str, names: Names, spark: bool) -> int:
     took = wait_for_group(bootstrap, names.consumer_group, names.source_topic, timeout=600)
     say("drain", f"dedup stage drained ({took:.1f}s)")
     say("verify", "reading source, outputs and dead-letter topic with read_committed")
-    key = KeySpec.parse(names.spec.dedup.key.spec_string())
+    key = names.spec.dedup.key.key_spec()
     reports = {"dedup stage (source -> deduped)": verify(
         bootstrap, names.source_topic, names.deduped_topic, key_spec=key, dlq_topic=names.dlq_topic,
         settle=5, timeout=300)}
@@ -201,14 +200,14 @@ def broker_restart(kafka: KafkaBroker) -> None:
 
 # --------------------------------------------------------------------------- full: the cluster
 class Cluster:
-    """The local cluster of the tests (tests/localenv), driven the way a user drives a real one."""
+    """The local cluster of the tests (localenv), driven the way a user drives a real one."""
 
     def __init__(self, workdir: Path, stack: contextlib.ExitStack):
         from kubernetes import client, config
 
-        from tests.localenv.controlplane import ControlPlane
-        from tests.localenv.nodeagent import NodeAgent
-        from tests.localenv.sparkrunner import RunnerProcess
+        from localenv.controlplane import ControlPlane
+        from localenv.nodeagent import NodeAgent
+        from localenv.sparkrunner import RunnerProcess
 
         self.workdir = workdir
         say("kubernetes", "starting etcd, kube-apiserver, controller-manager, scheduler (built from source, cached)")
@@ -225,7 +224,7 @@ class Cluster:
         self.spark = RunnerProcess(self.cp.kubeconfig, workdir / "spark", Path(jars))
         stack.callback(self.spark.stop)
         self.spark.start()
-        self.kubectl("apply", "--server-side", "-f", str(REPO / "tests" / "crds"))
+        self.kubectl("apply", "--server-side", "-f", str(REPO / "localenv" / "crds"))
         say("kubernetes", "Spark Operator stand-in runs SparkApplications (spark-submit, local master)")
         api = config.new_client_from_config(config_file=str(self.cp.kubeconfig))
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
@@ -235,7 +234,7 @@ class Cluster:
                     timeout=timeout)
 
     def helm_install(self) -> None:
-        helm = Path(_output(["bash", str(REPO / "hack" / "build-tools.sh")])[0]) / "helm"  # helm dir, kubeconform dir
+        helm = Path(_output(["bash", str(REPO / "hack" / "build-tools.sh"), "helm"])[0]) / "helm"  # its bin dir
         home = self.workdir / "helm"
         env = {**os.environ, **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")}}
         say("operator", "helm install eopipe charts/eopipe (CRD, RBAC, operator Deployment)")
@@ -252,12 +251,12 @@ class Cluster:
         say("operator", "running as a pod under its own ServiceAccount")
 
     def pipeline(self) -> dict:
-        return self.custom.get_namespaced_custom_object("eopipe.dev", "v1alpha1", NS, "exactlyoncepipelines",
-                                                        "payments")
+        group, version, plural = RESOURCE
+        return self.custom.get_namespaced_custom_object(group, version, NS, plural, "payments")
 
     def patch(self, spec: dict) -> None:
-        self.custom.patch_namespaced_custom_object("eopipe.dev", "v1alpha1", NS, "exactlyoncepipelines",
-                                                   "payments", {"spec": spec})
+        group, version, plural = RESOURCE
+        self.custom.patch_namespaced_custom_object(group, version, NS, plural, "payments", {"spec": spec})
 
     @staticmethod
     def settled(obj: dict, after: int) -> bool:
@@ -356,8 +355,6 @@ def run_full(args, stack: contextlib.ExitStack) -> int:
 
     doc = yaml.safe_load((REPO / "examples" / "payments.yaml").read_text())
     doc["spec"]["kafka"]["bootstrapServers"] = kafka.bootstrap
-    # Spark's checkpoint lives on a volume in a real cluster; here the driver is a local process.
-    doc["spec"]["processing"]["checkpointLocation"] = str(args.workdir / "checkpoints" / "payments")
     say("pipeline", f"kubectl apply -f examples/payments.yaml -n {NS} (bootstrapServers={kafka.bootstrap})")
     cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(doc))
     t = time.monotonic()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make kind-e2e`: the end-to-end run on a kind cluster, for machines with Docker.
 # NOT run in our CI (no Docker engine there); the same flow runs there on the local control
-# plane (tests/test_operator.py, make demo). Needs: docker, kind, kubectl, helm on PATH.
+# plane (tests/e2e/test_operator.py, make demo). Needs: docker, kind, kubectl, helm on PATH.
 #
 #   1. a kind cluster `eopipe-e2e`; the operator image built from this repo and loaded into it
 #   2. a single-node Kafka in namespace eopipe-e2e (hack/kind/kafka.yaml)
@@ -65,4 +65,5 @@ kubectl -n "$NS" patch eop minimal --type=merge -p '{"spec":{"source":{"partitio
 settled
 kubectl -n "$NS" get eop minimal -o jsonpath='{.status.lastRebalance}'; echo
 wait "$load"
-run e2e-verify verify --bootstrap "$BOOTSTRAP" --source events --output events.deduped --dlq events.dlq
+# The topics the pipeline writes carry its namespace and name (status.topics).
+run e2e-verify verify --bootstrap "$BOOTSTRAP" --source events --output "$NS.minimal.deduped" --dlq "$NS.minimal.dlq"

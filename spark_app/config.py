@@ -1,6 +1,6 @@
 """The Spark job's configuration: typed, validated in one place, with errors a human can act on.
 
-The operator passes one JSON document (operator/eopipe/builders/spark.py `spark_config`) as
+The operator passes one JSON document (operator/eopipe/control/builders/spark.py `spark_config`) as
 `--config-json '...'`, or it is mounted as a file (`--config FILE`). Everything is checked
 before Spark starts; a bad config exits with status 2 and one line per problem, so a broken
 manifest shows up as a FAILED SparkApplication with a readable errorMessage, never as a
@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The value of `eopipe load`'s events (operator/eopipe/loadgen.py). Records that do not parse
+# The value of `eopipe load`'s events (operator/eopipe/tools/loadgen.py). Records that do not parse
 # get nulls in these columns; key/partition/offset/timestamp are always there.
 DEFAULT_SCHEMA = "id STRING, seq BIGINT, account STRING, amount_cents BIGINT, currency STRING, ts BIGINT"
 # Kafka metadata columns of the `events` view, next to the parsed JSON fields.

@@ -184,18 +184,25 @@ def build_query_frame(spark, cfg: Config):
     return result
 
 
-def _kafka_topics_exist(cfg: Config) -> None:
+def _kafka_topics_exist(cfg: Config, wait_seconds: float = 30) -> None:
     from confluent_kafka.admin import AdminClient
 
     need = [cfg.source_topic] + ([cfg.sink.topic, cfg.sink.commit_topic]
                                  if isinstance(cfg.sink, KafkaSink) else [])
     admin = AdminClient(cfg.kafka_client_config())
-    md = admin.list_topics(timeout=30)
-    missing = [t for t in need if t not in md.topics or md.topics[t].error is not None]
-    if missing:
-        # Not a config error: the operator may still be creating them. Fail (exit 1) and let
-        # the restart policy try again.
-        raise RuntimeError(f"topic(s) missing: {', '.join(missing)}")
+    # Topics just created (by the operator, a moment ago) may not be in every broker's metadata
+    # yet: look again for a while rather than spend a driver restart on it.
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        md = admin.list_topics(timeout=max(1.0, deadline - time.monotonic()))
+        missing = [t for t in need if t not in md.topics or md.topics[t].error is not None]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            # Not a config error: the operator may still be creating them. Fail (exit 1) and let
+            # the restart policy try again.
+            raise RuntimeError(f"topic(s) missing: {', '.join(missing)}")
+        time.sleep(1)
 
 
 def start_query(spark, cfg: Config):

@@ -1,7 +1,19 @@
+import pytest
+
 pytest_plugins = [
-    "tests.localenv.fixtures_kafka",
-    "tests.localenv.fixtures_k8s",
-    "tests.localenv.fixtures_agent",
-    "tests.localenv.fixtures_operator",
-    "tests.localenv.fixtures_spark",
+    "localenv.fixtures_kafka",
+    "localenv.fixtures_k8s",
+    "localenv.fixtures_agent",
+    "localenv.fixtures_operator",
+    "localenv.fixtures_spark",
 ]
+
+
+@pytest.fixture
+def pipe(kafka_bootstrap, tmp_path):
+    """A test pipeline's topics on the real broker; its worker processes are killed at the end."""
+    from tests.helpers.workers import Pipeline
+
+    p = Pipeline(kafka_bootstrap, tmp_path)
+    yield p
+    p.stop_all()

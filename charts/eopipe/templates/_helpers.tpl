@@ -1,13 +1,18 @@
-{{/* Names and labels. */}}
+{{/* Names and labels (nameOverride, fullnameOverride: the usual Helm pattern). */}}
 {{- define "eopipe.name" -}}
-{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "eopipe.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -32,6 +37,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{- define "eopipe.leaseName" -}}
+{{- printf "%s-leader" (include "eopipe.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "eopipe.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
@@ -41,8 +50,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/*
-What the operator does in a namespace it watches (see operator/eopipe: handlers.py,
-reconcile.py, kube.py, kafkaconf.py). Server-side apply of a missing object is a PATCH that
+What the operator does in a namespace it watches (see operator/eopipe/control: handlers.py,
+reconcile.py, kube.py; core/kafkaconf.py). Server-side apply of a missing object is a PATCH that
 creates, which the API server authorizes as both patch and create.
 */}}
 {{- define "eopipe.namespacedRules" -}}
@@ -52,7 +61,7 @@ creates, which the API server authorizes as both patch and create.
   verbs: [get, list, watch, patch]
 - apiGroups: [eopipe.dev]
   resources: [exactlyoncepipelines/status]
-  verbs: [get, patch]
+  verbs: [patch]
 # Owner references with blockOwnerDeletion (clusters with OwnerReferencesPermissionEnforcement).
 - apiGroups: [eopipe.dev]
   resources: [exactlyoncepipelines/finalizers]
@@ -83,14 +92,19 @@ creates, which the API server authorizes as both patch and create.
 - apiGroups: [""]
   resources: [pods, services, configmaps, persistentvolumeclaims]
   verbs: [get, list, watch, create, delete, deletecollection, patch]
-# Kafka credentials named by spec.kafka.sasl / spec.kafka.tls Secret references.
+# Kafka credentials named by spec.kafka.sasl / spec.kafka.tls Secret references (read); the
+# pipeline's state-endpoint token Secret (control/tokens.py: created once, then read).
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get]
+  verbs: [get, create]
+# The dedup pods' NetworkPolicy (builders/access.py), applied server-side.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch]
 # Events about every transition (Kopf posts them through the core API).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end -}}
 
 {{/*
@@ -101,8 +115,8 @@ falls back to assuming the named namespaces exist, logging 403s all along).
 {{- define "eopipe.kopfClusterRules" -}}
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 - apiGroups: [""]
   resources: [namespaces]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 {{- end -}}

@@ -16,7 +16,7 @@ import threading
 from logging import INFO, WARNING
 from pathlib import Path
 
-from eopipe.assignment import CONFIGMAP_KEY, Assignment
+from eopipe.core.assignment import CONFIGMAP_KEY, Assignment
 from eopipe.dedup.logs import event
 
 log = logging.getLogger("eopipe.dedup.assignment")
@@ -42,7 +42,7 @@ class ConfigMapWatch(threading.Thread):
         # Imported here: workers with --partitions or a file only never load the client.
         from kubernetes import client, watch
 
-        from eopipe.kube import load_config
+        from eopipe.core.kubeclient import load_config
 
         try:
             core = client.CoreV1Api(load_config())

@@ -6,22 +6,15 @@ import argparse
 import os
 from pathlib import Path
 
-from eopipe.keys import KeySpec
+from eopipe.core import cliargs, kafkaconf
+from eopipe.core.keys import KeySpec
+from eopipe.dedup import auth
 from eopipe.dedup.config import WorkerConfig, default_http_host, parse_partitions
-from eopipe import kafkaconf
-from eopipe.spec import parse_duration
 
 
-def _kv(text: str) -> tuple[str, str]:
-    k, sep, v = text.partition("=")
-    if not sep or not k:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return k, v
-
-
-def _seconds(text: str) -> float:
+def _partitions(text: str) -> list[int]:
     try:
-        return parse_duration(text).total_seconds()
+        return parse_partitions(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -31,17 +24,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ap = subparsers.add_parser(
         "dedup", help="run the exactly-once dedup worker (the process of a dedup pod)",
         description="Deduplicate the owned source partitions into the output topic with Kafka "
-                    "transactions and RocksDB state (DESIGN.md section 3). SIGTERM commits the "
-                    "open transactions and exits 0.")
+                    "transactions and RocksDB state. SIGTERM commits the open transactions and exits 0.")
     ap.add_argument("--bootstrap", default=env("EOPIPE_BOOTSTRAP"), required=not env("EOPIPE_BOOTSTRAP"),
                     help="Kafka bootstrap servers (env EOPIPE_BOOTSTRAP)")
-    ap.add_argument("--source-topic", required=True)
+    ap.add_argument("--source-topic", required=True, help="the source topic")
     ap.add_argument("--output-topic", required=True, help="the deduped topic")
-    ap.add_argument("--dlq-topic", help="dead-letter topic for malformed records (default <source>.dlq)")
+    ap.add_argument("--dlq-topic", help="dead-letter topic for malformed records "
+                                        "(default <namespace>.<pipeline>.dlq, the operator's default name)")
     ap.add_argument("--pipeline", required=True, help="pipeline name (part of transactional.id and group)")
     ap.add_argument("--namespace", default=env("POD_NAMESPACE", "default"),
                     help="namespace (env POD_NAMESPACE; default 'default')")
-    ap.add_argument("--partitions", type=parse_partitions,
+    ap.add_argument("--partitions", type=_partitions,
                     help="fixed owned partitions, e.g. 0,1,2 or 0-5 (instead of an assignment)")
     ap.add_argument("--assignment-file", type=Path,
                     help='the operator\'s assignment, JSON {"generation": g, "assignments": {"<pod>": '
@@ -51,26 +44,45 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                          "on the API: seen in a second instead of the kubelet's volume refresh; the "
                          "newer generation of file and ConfigMap wins")
     ap.add_argument("--pod-name", default=env("POD_NAME"), help="this pod's name in the assignment (env POD_NAME)")
-    ap.add_argument("--key", type=KeySpec.parse, default=KeySpec(),
+    ap.add_argument("--key", type=cliargs.key_spec, default=KeySpec(),
                     help="dedup key: 'key', 'header:NAME' or 'json:FIELD' (default: key)")
-    ap.add_argument("--window", type=_seconds, default=24 * 3600.0,
+    ap.add_argument("--window", type=cliargs.duration_seconds, default=24 * 3600.0,
                     help="dedup window by event time, Go duration syntax: 15m, 24h, 168h (default 24h)")
-    ap.add_argument("--segments", type=int, default=4,
+    ap.add_argument("--segments", type=cliargs.positive_int, default=4,
                     help="time segments per window; expiry drops one whole segment (default 4)")
     ap.add_argument("--partitioner", choices=["murmur2", "crc32"], default="murmur2",
                     help="the producers' partitioner, defines a key's home partition")
     ap.add_argument("--state-dir", type=Path, default=Path(env("EOPIPE_STATE_DIR", "/var/lib/eopipe")),
                     help="RocksDB directory, on the pod's PersistentVolume (env EOPIPE_STATE_DIR)")
     ap.add_argument("--http-host", default=default_http_host(), help="default: env POD_IP, else 127.0.0.1")
-    ap.add_argument("--http-port", type=int, default=8080, help="0 picks a free port (logged)")
-    ap.add_argument("--commit-interval-ms", type=int, default=100)
-    ap.add_argument("--max-batch", type=int, default=20_000, help="records per transaction at most")
-    ap.add_argument("--memory-mb", type=int, default=256,
+    ap.add_argument("--http-port", type=cliargs.port, default=8080,
+                    help="port of /healthz, /readyz, /metrics, /status and the state transfer "
+                         "(default 8080; 0 picks a free port, logged)")
+    ap.add_argument("--commit-interval-ms", type=cliargs.positive_int, default=100,
+                    help="a transaction commits at the latest this long after it began (default 100)")
+    ap.add_argument("--max-batch", type=cliargs.positive_int, default=20_000,
+                    help="records per transaction at most (default 20000)")
+    ap.add_argument("--memory-mb", type=cliargs.positive_int, default=256,
                     help="RocksDB memory (block cache + memtables) for the whole process")
-    ap.add_argument("--kafka-config", type=_kv, action="append", default=[], metavar="KEY=VALUE",
+    ap.add_argument("--kafka-config", type=cliargs.key_value, action="append", default=[], metavar="KEY=VALUE",
                     help="extra librdkafka setting for all clients, repeatable; also read from env "
                          "EOPIPE_KAFKA_* (EOPIPE_KAFKA_SASL_USERNAME -> sasl.username), as the operator sets them")
-    ap.add_argument("--log-level", default=env("EOPIPE_LOG_LEVEL", "INFO"))
+    ap.add_argument("--handoff-timeout", type=cliargs.seconds, metavar="SECONDS",
+                    default=float(env("EOPIPE_HANDOFF_TIMEOUT_SECONDS", "120")),
+                    help="how long a new owner waits for a moved partition's state before it rebuilds "
+                         "it from the source (env EOPIPE_HANDOFF_TIMEOUT_SECONDS; default 120)")
+    ap.add_argument("--transaction-timeout", type=cliargs.seconds, metavar="SECONDS", default=60.0,
+                    help="the producers' transaction.timeout.ms in seconds, and how long a commit may "
+                         "stall before the partition replaces its producer and consumer (default 60)")
+    ap.add_argument("--token-file", metavar="PATH", default=env("EOPIPE_TOKEN_FILE"),
+                    help="file with the pipeline's bearer token of /snapshots and /reshard, sent to the "
+                         "other pods too (env EOPIPE_TOKEN_FILE; else the token itself in env EOPIPE_TOKEN, "
+                         "as the operator sets it from the pipeline's Secret)")
+    ap.add_argument("--insecure-state-endpoints", action="store_true",
+                    help="without a token, serve /snapshots and /reshard to anyone (local runs only; "
+                         "by default a worker without a token refuses them)")
+    ap.add_argument("--log-level", default=env("EOPIPE_LOG_LEVEL", "INFO"),
+                    help="DEBUG, INFO, WARNING or ERROR (env EOPIPE_LOG_LEVEL; default INFO)")
     ap.set_defaults(func=cmd_dedup, parser=ap)
     return ap
 
@@ -84,7 +96,10 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         key_spec=args.key, window_seconds=args.window, segments=args.segments,
         partitioner=args.partitioner, state_dir=args.state_dir, http_host=args.http_host,
         http_port=args.http_port, commit_interval_ms=args.commit_interval_ms,
-        max_batch=args.max_batch, memory_mb=args.memory_mb, kafka_config={**kafkaconf.from_env(), **dict(args.kafka_config)})
+        max_batch=args.max_batch, memory_mb=args.memory_mb, handoff_timeout_seconds=args.handoff_timeout,
+        transaction_timeout_seconds=args.transaction_timeout,
+        kafka_config={**kafkaconf.from_env(), **dict(args.kafka_config)},
+        token=auth.read_token(os.environ, args.token_file), insecure_state_endpoints=args.insecure_state_endpoints)
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:

@@ -6,20 +6,22 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eopipe.keys import KeySpec
+from eopipe.core import names
+from eopipe.core.keys import KeySpec
 
 
 def parse_partitions(text: str) -> list[int]:
-    """`0,1,2` or ranges `0-3,7`."""
+    """`0,1,2` or ranges `0-3,7`; ValueError says what is wrong."""
     out: set[int] = set()
     for part in filter(None, (p.strip() for p in text.split(","))):
         lo, sep, hi = part.partition("-")
-        if sep:
-            out.update(range(int(lo), int(hi) + 1))
-        else:
-            out.add(int(part))
-    if any(p < 0 for p in out):
-        raise ValueError(f"negative partition in {text!r}")
+        if not (lo.isdigit() and (hi.isdigit() if sep else True)):
+            raise ValueError(f"bad partitions {text!r}: expected partition numbers and ranges like 0,1,2 or 0-5")
+        if sep and int(lo) > int(hi):
+            raise ValueError(f"bad partitions {text!r}: the range {part} is empty (write it {hi}-{lo})")
+        out.update(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    if not out:
+        raise ValueError(f"bad partitions {text!r}: no partition given")
     return sorted(out)
 
 
@@ -48,8 +50,15 @@ class WorkerConfig:
     consume_batch: int = 5_000              # records per consume() call at most
     memory_mb: int = 256                    # RocksDB block cache + memtables, whole process
     metadata_refresh_seconds: float = 10.0  # how often the source partition count is re-read
-    handoff_timeout_seconds: float = float(os.environ.get("EOPIPE_HANDOFF_TIMEOUT_SECONDS", "120"))
+    handoff_timeout_seconds: float = 120.0
+    # The producers' transaction.timeout.ms, and the bound of a stalled commit before the
+    # partition replaces its clients (docs/design.md#fencing).
+    transaction_timeout_seconds: float = 60.0
     kafka_config: dict[str, str] = field(default_factory=dict)  # extra client settings (security)
+    # The pipeline's bearer token of the state endpoints (dedup/auth.py); without it they are
+    # refused, unless insecure_state_endpoints serves them open (local runs only).
+    token: str | None = field(default=None, repr=False)
+    insecure_state_endpoints: bool = False
 
     def __post_init__(self) -> None:
         follows = self.assignment_file is not None or self.assignment_configmap is not None
@@ -63,21 +72,25 @@ class WorkerConfig:
             raise ValueError("segments must be >= 1")
         if self.commit_interval_ms < 1 or self.max_batch < 1 or self.consume_batch < 1:
             raise ValueError("commit interval and batch sizes must be positive")
+        if not 1 <= self.transaction_timeout_seconds <= 900:
+            raise ValueError("the transaction timeout must be between 1 and 900 seconds")
+        if self.token is not None and self.insecure_state_endpoints:
+            raise ValueError("--insecure-state-endpoints with a token (EOPIPE_TOKEN or --token-file): give one or the other")
         if self.memory_mb < 8:
             raise ValueError("memory budget must be at least 8 MiB")
         self.state_dir = Path(self.state_dir)
         if not self.dlq_topic:
             # Malformed records are never dropped: without an explicit DLQ they go here.
-            self.dlq_topic = f"{self.source_topic}.dlq"
+            self.dlq_topic = names.dlq_topic(self.namespace, self.pipeline)
         if self.assignment_file is not None:
             self.assignment_file = Path(self.assignment_file)
 
     @property
     def group_id(self) -> str:
-        return f"{self.namespace}.{self.pipeline}.dedup"
+        return names.consumer_group(self.namespace, self.pipeline)
 
     def transactional_id(self, partition: int) -> str:
-        return f"{self.namespace}.{self.pipeline}.dedup.{partition}"
+        return names.transactional_id(self.namespace, self.pipeline, partition)
 
     @property
     def window_ms(self) -> int:

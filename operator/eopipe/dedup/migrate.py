@@ -1,4 +1,6 @@
-"""Moving dedup state between pods (DESIGN.md section 4): snapshots and re-shard exports.
+"""Moving dedup state between pods: snapshots (docs/design.md#snapshot-handoff) and re-shard
+exports (docs/design.md#re-shard-on-partition-growth); their URL paths and headers are in
+eopipe.core.wire.
 
 Handoff of partition p from pod A to pod B:
     A stops p (commit, close), takes a RocksDB checkpoint of p's store, packs it as an
@@ -30,10 +32,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-H_SHA = "X-Eopipe-Sha256"
-H_APPLIED = "X-Eopipe-Applied-Offset"
-H_STOPPED = "X-Eopipe-Stopped-At-Ms"
-H_KEYS = "X-Eopipe-Keys"
+from eopipe.core.wire import H_APPLIED, H_KEYS, H_SHA, H_STOPPED
+from eopipe.dedup import auth
+
 _REC = struct.Struct(">qI")
 CHUNK = 1 << 20
 
@@ -58,6 +59,24 @@ def _write_json_atomic(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(doc, sort_keys=True))
     os.replace(tmp, path)
+
+
+# -- migration records: how a partition's state came here, kept across restarts ----------------
+def _record_path(state_dir: Path, partition: int) -> Path:
+    return Path(state_dir) / "migrations" / f"p-{partition}.json"
+
+
+def read_migration_record(state_dir: Path, partition: int) -> dict | None:
+    try:
+        return json.loads(_record_path(state_dir, partition).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def save_migration_record(state_dir: Path, partition: int, doc: dict) -> None:
+    path = _record_path(state_dir, partition)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_json_atomic(path, doc)
 
 
 # -- snapshots --------------------------------------------------------------------------------
@@ -105,20 +124,22 @@ def remove_snapshot(state_dir: Path, partition: int) -> None:
         p.unlink(missing_ok=True)
 
 
-def _get(url: str, timeout: float):
+def _get(url: str, timeout: float, token: str | None = None):
     try:
-        return urllib.request.urlopen(url, timeout=timeout)
+        return urllib.request.urlopen(urllib.request.Request(url, headers=auth.headers(token)), timeout=timeout)
     except urllib.error.HTTPError as e:
-        if e.code in (404, 410):
+        # 401/403: the peer has another token or none; waiting does not change that.
+        if e.code in (401, 403, 404, 410):
             raise TransferError(f"{url}: HTTP {e.code}", final=True) from None
         raise TransferError(f"{url}: HTTP {e.code}") from None
     except (urllib.error.URLError, OSError) as e:
         raise TransferError(f"{url}: {getattr(e, 'reason', e)}") from None
 
 
-def download(url: str, dest: Path, *, timeout: float = 30) -> dict:
-    """GETs url into dest; checks Content-Length and sha256. Returns the headers' facts."""
-    with _get(url, timeout) as r:
+def download(url: str, dest: Path, *, timeout: float = 30, token: str | None = None) -> dict:
+    """GETs url into dest with the pipeline's token; checks Content-Length and sha256. Returns
+    the headers' facts."""
+    with _get(url, timeout, token) as r:
         size = int(r.headers.get("Content-Length", "-1"))
         want = r.headers.get(H_SHA)
         h = hashlib.sha256()
@@ -140,7 +161,7 @@ def download(url: str, dest: Path, *, timeout: float = 30) -> dict:
 
 
 def fetch_with_retries(url: str, dest: Path, *, deadline: float, should_stop=lambda: False,
-                       on_retry=lambda err: None) -> dict:
+                       on_retry=lambda err: None, token: str | None = None) -> dict:
     """Retries transient failures (connection refused while A restarts, 503 while A prepares,
     a checksum mismatch) until the monotonic deadline; 404/410 give up at once."""
     delay = 0.2
@@ -148,7 +169,7 @@ def fetch_with_retries(url: str, dest: Path, *, deadline: float, should_stop=lam
         if should_stop():
             raise TransferError("stopping", final=True)
         try:
-            return download(url, dest, timeout=max(1.0, min(60.0, deadline - time.monotonic())))
+            return download(url, dest, timeout=max(1.0, min(60.0, deadline - time.monotonic())), token=token)
         except TransferError as e:
             if e.final or time.monotonic() + delay >= deadline:
                 raise

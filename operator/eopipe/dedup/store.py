@@ -28,8 +28,7 @@ import time
 from pathlib import Path
 from typing import Iterable
 
-from rocksdict import (BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch,
-                       WriteBufferManager)
+from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager
 
 MAX_SKEW_MS = 60_000
 _META_APPLIED = b"applied_offset"

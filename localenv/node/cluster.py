@@ -1,0 +1,186 @@
+"""The node tier's processes, run by `python -m localenv.node serve` inside the tier's network
+namespace: the control plane of localenv/controlplane.py (listening on the namespace's
+addresses), containerd, the kubelet and kube-proxy. It writes RUN_DIR/ready once the node is
+Ready and kube-proxy healthy, and stops everything on SIGTERM (`down` then sweeps the rest)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from localenv.controlplane import ControlPlane, ControlPlaneError
+from localenv.daemon import LoggedProcess
+from localenv.node import (
+    CLUSTER_DOMAIN,
+    CNI_BIN_DIR,
+    CNI_BRIDGE,
+    CONTAINERD_SOCK,
+    NODE_IP,
+    NODE_NAME,
+    POD_CIDR,
+    RUN_DIR,
+    STATE_DIR,
+)
+from localenv.node import config as cfg
+from localenv.node.host import node_cgroup_root
+from localenv.node.images import import_images
+from localenv.pki import _client_ext, _sign, _write_kubeconfig
+
+CP_DIR = STATE_DIR / "cp"
+READY = RUN_DIR / "ready"
+
+
+class NodeControlPlane(ControlPlane):
+    def _apiserver_argv(self) -> list[str]:
+        return cfg.apiserver_argv(super()._apiserver_argv(), NODE_IP, self.pki)
+
+
+def _ctr() -> list[str]:
+    return ["ctr", "--address", str(CONTAINERD_SOCK)]
+
+
+class Node:
+    def __init__(self, pause_image: str, archives: list[Path]):
+        self.pause_image, self.archives = pause_image, archives
+        self.cp = NodeControlPlane(CP_DIR)
+        self.logs = STATE_DIR / "logs"
+        self.procs: list[LoggedProcess] = []
+        self.timings: dict[str, float] = {}
+
+    def kubectl(self, *args: str) -> subprocess.CompletedProcess:
+        return self.cp.kubectl_run(*args, check=False)
+
+    def _spawn(self, name: str, argv: list[str]) -> LoggedProcess:
+        p = LoggedProcess(name, argv, self.logs / f"{name}.log")
+        self.procs.append(p)
+        p.start()
+        return p
+
+    def _wait(self, what: str, ok, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not ok():
+            dead = [p.name for p in self.procs if not p.alive()]
+            if dead:
+                raise ControlPlaneError(f"{', '.join(dead)} exited while waiting for {what}; logs in {self.logs}")
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(f"timed out waiting for {what}; logs in {self.logs}")
+            time.sleep(0.5)
+
+    def _identities(self) -> None:
+        """Client certificates and kubeconfigs of the kubelet (the Node authorizer's
+        system:node:<name>) and kube-proxy (bound to system:node-proxier by default RBAC)."""
+        pki = self.cp.pki
+        for name, subject, user in (("kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}",
+                                     f"system:node:{NODE_NAME}"),
+                                    ("kube-proxy", "/CN=system:kube-proxy", "system:kube-proxy")):
+            if not (pki / f"{name}.crt").exists():
+                _sign(pki, name, subject, _client_ext())
+            _write_kubeconfig(STATE_DIR / f"{name}.kubeconfig", self.cp.server, pki / "ca.crt",
+                              pki / f"{name}.crt", pki / f"{name}.key", user)
+
+    def start(self) -> None:
+        t0 = time.monotonic()
+        self.cp.start()
+        self.timings["control plane"] = time.monotonic() - t0
+        self._identities()
+
+        t = time.monotonic()
+        cni_conf = STATE_DIR / "cni" / "net.d"
+        cni_conf.mkdir(parents=True, exist_ok=True)
+        (cni_conf / "10-eopipe.conflist").write_text(
+            cfg.cni_conflist(CNI_BRIDGE, POD_CIDR, STATE_DIR / "cni" / "ipam"))
+        toml = STATE_DIR / "containerd.toml"
+        toml.write_text(cfg.containerd_toml(STATE_DIR, RUN_DIR, CONTAINERD_SOCK, CNI_BIN_DIR, cni_conf,
+                                            self.pause_image))
+        self._spawn("containerd", ["containerd", "--config", str(toml)])
+        self._wait("containerd", lambda: subprocess.run([*_ctr(), "version"], check=False,
+                                                        capture_output=True).returncode == 0,
+                   60)
+        import_images(_ctr(), self.archives)
+        self.timings["containerd + image import"] = time.monotonic() - t
+
+        t = time.monotonic()
+        kcfg = STATE_DIR / "kubelet.json"
+        kcfg.write_text(cfg.kubelet_config(node_ip=NODE_IP, sock=CONTAINERD_SOCK,
+                                           cgroup_root_path=node_cgroup_root(), ca=self.cp.ca_cert,
+                                           cluster_domain=CLUSTER_DOMAIN,
+                                           pod_logs_dir=STATE_DIR / "pod-logs"))
+        self._spawn("kubelet", cfg.kubelet_argv(
+            self.cp.binaries["kube-apiserver"].with_name("kubelet"), config=kcfg,
+            kubeconfig=STATE_DIR / "kubelet.kubeconfig", root_dir=STATE_DIR / "kubelet",
+            cert_dir=STATE_DIR / "kubelet-pki", node_name=NODE_NAME, node_ip=NODE_IP))
+        self._wait(f"node {NODE_NAME} Ready", self._node_ready, 180)
+        self.timings["kubelet to node Ready"] = time.monotonic() - t
+
+        t = time.monotonic()
+        pcfg = STATE_DIR / "kube-proxy.json"
+        pcfg.write_text(cfg.kube_proxy_config(kubeconfig=STATE_DIR / "kube-proxy.kubeconfig",
+                                              cluster_cidr=POD_CIDR, node_name=NODE_NAME))
+        self._spawn("kube-proxy", [str(self.cp.binaries["kube-apiserver"].with_name("kube-proxy")),
+                                   f"--config={pcfg}", "--v=1"])
+        self._wait("kube-proxy /healthz", self._proxy_healthy, 60)
+        self.timings["kube-proxy healthy"] = time.monotonic() - t
+        self.timings["total"] = time.monotonic() - t0
+
+    def _node_ready(self) -> bool:
+        r = self.kubectl("get", "node", NODE_NAME, "-o",
+                         'jsonpath={.status.conditions[?(@.type=="Ready")].status}')
+        return r.returncode == 0 and r.stdout.strip() == "True"
+
+    @staticmethod
+    def _proxy_healthy() -> bool:
+        try:
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            with opener.open("http://127.0.0.1:10256/healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    @property
+    def running(self) -> bool:
+        return self.cp.running and all(p.alive() for p in self.procs)
+
+    def _drain(self, timeout: float = 30) -> None:
+        """Deletes every pod and waits for the kubelet to tear their sandboxes down (CNI DEL
+        releases the addresses, libcni's cache and the pods' network namespaces), so that what
+        is left for `down` to kill is only processes."""
+        if not (self.cp.running and all(p.alive() for p in self.procs)):
+            return
+        self.kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=0", "--force",
+                     "--wait=false")
+        deadline = time.monotonic() + timeout
+        while any(Path("/run/netns").glob("cni-*")) and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        self._drain()
+        for p in reversed(self.procs):
+            p.stop(grace=10)
+        self.procs = []
+        self.cp.stop()
+
+
+def serve(pause_image: str, archives: list[Path]) -> int:
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    node = Node(pause_image, archives)
+    try:
+        node.start()
+        READY.write_text(json.dumps({k: round(v, 1) for k, v in node.timings.items()}) + "\n")
+        print(f"node ready: {node.timings}", flush=True)
+        while node.running:
+            time.sleep(1)
+        print("a node process exited; stopping", flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        READY.unlink(missing_ok=True)
+        node.stop()

@@ -1,0 +1,285 @@
+"""What the node tier changes on the host, made and unmade: the network namespace and its
+host-only link, the pods' cgroup root, the Debian packages it needs; and `leftovers()`, the
+list of anything of the tier still on the host (processes, mounts, links, network namespaces,
+iptables rules, cgroups, directories), which `sweep()` removes and a test checks is empty."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from localenv.node import (
+    CNI_BRIDGE,
+    CONTAINERD_SOCK,
+    NETNS,
+    NODE_IP,
+    NODE_LINK,
+    NODE_PREFIX,
+    RUN_DIR,
+    SERVICE_CIDR,
+    STATE_DIR,
+)
+from localenv.node.config import CNI_NETWORK, cgroup_root
+
+NETNS_PATH = Path("/run/netns") / NETNS
+CGROUP_FS = Path("/sys/fs/cgroup")
+# The kubelet links each container's log here (a fixed path, not under its root dir).
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
+# Paths fixed in the binaries, outside the tier's directories (see their helpers below).
+SHIM_SOCKETS = Path("/run/containerd/s")
+CNI_CACHE = Path("/var/lib/cni/results")
+KUBELET_DEVICE_SOCK = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+# command -> Debian package: installed when missing (apt-get), never anything else.
+PACKAGES = {"containerd": "containerd", "runc": "runc", "buildah": "buildah",
+            "mmdebstrap": "mmdebstrap", "iptables-save": "iptables", "nsenter": "util-linux",
+            "/usr/lib/cni/bridge": "containernetworking-plugins"}
+
+
+# Host-wide sysctls the kubelet sets at start (its kernel tunables, with protectKernelDefaults
+# false; true would refuse to start unless they already match): saved before, put back by sweep().
+KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+                   "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+SAVED_SYSCTLS = RUN_DIR / "host-sysctls.json"
+
+
+def save_sysctls() -> None:
+    if not SAVED_SYSCTLS.exists():
+        SAVED_SYSCTLS.write_text(json.dumps(
+            {k: (Path("/proc/sys") / k).read_text().strip() for k in KUBELET_SYSCTLS}) + "\n")
+
+
+def restore_sysctls() -> None:
+    try:
+        saved = json.loads(SAVED_SYSCTLS.read_text())
+    except (OSError, ValueError):
+        return
+    for k, v in saved.items():
+        (Path("/proc/sys") / k).write_text(v)
+    SAVED_SYSCTLS.unlink()
+
+
+def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=check, text=True, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT)
+
+
+def ensure_packages() -> list[str]:
+    """apt-get install of the missing packages; returns what it installed."""
+    missing = sorted({pkg for cmd, pkg in PACKAGES.items()
+                      if not (Path(cmd).exists() if cmd.startswith("/") else shutil.which(cmd))})
+    if missing:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+                       check=True, env=env, stdout=subprocess.DEVNULL)
+    return missing
+
+
+def node_cgroup_root() -> str:
+    return cgroup_root(Path("/proc/self/cgroup").read_text(), "eopipe-node")
+
+
+def _hierarchies() -> list[Path]:
+    """The cgroup v1 hierarchies, or the v2 root."""
+    if (CGROUP_FS / "cgroup.controllers").exists():
+        return [CGROUP_FS]
+    return [p for p in sorted(CGROUP_FS.iterdir())
+            if p.is_dir() and p.name != "unified" and (p / "cgroup.procs").exists()]
+
+
+def ensure_cgroups(root: str) -> None:
+    """The kubelet's cgroup root in every hierarchy (the kubelet refuses a missing one); a new
+    cpuset cgroup starts with no CPUs, so it inherits its parent's."""
+    for h in _hierarchies():
+        cur = h
+        for part in root.strip("/").split("/"):
+            parent, cur = cur, cur / part
+            if not cur.exists():
+                cur.mkdir()
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if (parent / f).exists():
+                        (cur / f).write_text((parent / f).read_text())
+
+
+def ensure_netns() -> None:
+    """The namespace, loopback up, the node IP on a bridge with no ports (a host-only link)
+    and a route for the service CIDR to it, so that node processes' traffic to a Service is
+    routed and kube-proxy's rules translate it. No default route: nothing leads out."""
+    if not NETNS_PATH.exists():
+        run("ip", "netns", "add", NETNS)
+    ns = ("ip", "-n", NETNS)
+    run(*ns, "link", "set", "lo", "up")
+    if run(*ns, "link", "show", NODE_LINK, check=False).returncode != 0:
+        run(*ns, "link", "add", NODE_LINK, "type", "bridge")
+    run(*ns, "addr", "replace", f"{NODE_IP}/{NODE_PREFIX}", "dev", NODE_LINK)
+    run(*ns, "link", "set", NODE_LINK, "up")
+    run(*ns, "route", "replace", SERVICE_CIDR, "dev", NODE_LINK, "src", NODE_IP)
+
+
+def _netns_inode() -> int | None:
+    try:
+        return NETNS_PATH.stat().st_ino
+    except OSError:
+        return None
+
+
+def tier_pids() -> list[int]:
+    """Processes of the tier: those in its network namespace (control plane, containerd and
+    its shims, kubelet, kube-proxy), those whose command line names its directories, and the
+    containers' processes in its cgroups."""
+    ino, me = _netns_inode(), os.getpid()
+    marks = (str(STATE_DIR), str(RUN_DIR))
+    pids: set[int] = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == me:
+            continue
+        try:
+            if ino is not None and os.stat(d / "ns" / "net").st_ino == ino:
+                pids.add(int(d.name))
+                continue
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(m in cmd for m in marks):
+            pids.add(int(d.name))
+    root = node_cgroup_root().strip("/")
+    for h in _hierarchies():
+        for procs in (h / root).rglob("cgroup.procs") if (h / root).exists() else ():
+            try:
+                pids.update(int(p) for p in procs.read_text().split())
+            except OSError:
+                pass
+    pids.discard(me)
+    return sorted(pids)
+
+
+def tier_mounts() -> list[str]:
+    """Mounts under the tier's directories, its namespaces, and /run/netns itself once it holds
+    no namespace (`ip netns add` bind-mounts that directory onto itself the first time)."""
+    marks = (str(STATE_DIR) + "/", str(RUN_DIR) + "/", str(NETNS_PATH), "/run/netns/cni-")
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mp = line.split()[4]
+        empty_netns_dir = mp == str(NETNS_PATH.parent) and not any(NETNS_PATH.parent.iterdir())
+        if mp in (str(STATE_DIR), str(RUN_DIR)) or mp.startswith(marks) or empty_netns_dir:
+            out.append(mp)
+    return out
+
+
+def _containerd_ids() -> list[str]:
+    """The tier's task ids (pod sandboxes and containers), from containerd's state directory."""
+    tasks = RUN_DIR / "containerd" / "io.containerd.runtime.v2.task" / "k8s.io"
+    return sorted(p.name for p in tasks.iterdir()) if tasks.is_dir() else []
+
+
+def shim_sockets(ids: list[str] | None = None) -> list[Path]:
+    """containerd 1.6 puts each shim's socket at a fixed place, /run/containerd/s/<sha256 of
+    its containerd address/namespace/id>, whatever containerd's own state directory; a shim
+    killed by SIGKILL leaves it."""
+    out = []
+    for i in _containerd_ids() if ids is None else ids:
+        h = hashlib.sha256(os.path.join(str(CONTAINERD_SOCK), "k8s.io", i).encode()).hexdigest()
+        if (SHIM_SOCKETS / h).exists():
+            out.append(SHIM_SOCKETS / h)
+    return out
+
+
+def _cni_cache_files() -> list[Path]:
+    """libcni's cache of the tier's pods (fixed at /var/lib/cni): its network's results, and the
+    loopback results of the same sandboxes. CNI DEL removes them; a killed pod leaves them."""
+    if not CNI_CACHE.is_dir():
+        return []
+    ours = [p for p in CNI_CACHE.glob(f"{CNI_NETWORK}-*")]
+    ids = {p.name[len(CNI_NETWORK) + 1:].rsplit("-", 1)[0] for p in ours}
+    return ours + [p for p in CNI_CACHE.glob("cni-loopback-*") if p.name[13:].rsplit("-", 1)[0] in ids]
+
+
+def _log_links() -> list[Path]:
+    if not CONTAINER_LOG_LINKS.is_dir():
+        return []
+    return [p for p in CONTAINER_LOG_LINKS.iterdir()
+            if p.is_symlink() and os.readlink(p).startswith(str(STATE_DIR) + "/")]
+
+
+def leftovers() -> dict[str, list[str]]:
+    """Everything of the tier on the host; all lists empty after `down`."""
+    links = [ln.split(":")[1].strip().split("@")[0] for ln in run("ip", "-o", "link").stdout.splitlines()]
+    netns = [ln.split()[0] for ln in run("ip", "netns", "list").stdout.splitlines() if ln.strip()]
+    rules = []
+    for save in ("iptables-save", "iptables-legacy-save", "iptables-nft-save"):
+        if shutil.which(save):
+            res = run(save, check=False)
+            rules += [f"{save}: {ln}" for ln in res.stdout.splitlines()
+                      if "KUBE-" in ln or "CNI-" in ln or NODE_IP in ln]
+    root = node_cgroup_root().strip("/")
+    return {
+        "processes": [f"{p} {_cmdline(p)}" for p in tier_pids()],
+        "mounts": tier_mounts(),
+        "links": [n for n in links if n in (NODE_LINK, CNI_BRIDGE)],
+        "netns": [n for n in netns if n == NETNS or n.startswith("cni-")],
+        "iptables": rules,
+        "cgroups": [str(h / root) for h in _hierarchies() if (h / root).exists()],
+        "dirs": [str(d) for d in (STATE_DIR, RUN_DIR) if d.exists()],
+        "files": [str(p) for p in (*_log_links(), *_cni_cache_files(), *shim_sockets(),
+                                   *([KUBELET_DEVICE_SOCK] if KUBELET_DEVICE_SOCK.exists() else []))],
+    }
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+    except OSError:
+        return "(gone)"
+
+
+def sweep() -> None:
+    """Removes whatever the tier left: SIGKILL to its processes (by pid), the host sysctls the
+    kubelet changed set back, lazy unmounts
+    (deepest first), its namespaces, its cgroups (deepest first), its directories."""
+    for _ in range(20):
+        pids = tier_pids()
+        if not pids:
+            break
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.25)
+    restore_sysctls()
+    for f in (*shim_sockets(), *_cni_cache_files(), KUBELET_DEVICE_SOCK):
+        f.unlink(missing_ok=True)
+    for mp in sorted(tier_mounts(), key=len, reverse=True):
+        run("umount", "-l", mp, check=False)
+    for n in leftovers()["netns"]:
+        run("ip", "netns", "delete", n, check=False)
+    for mp in tier_mounts():  # /run/netns, now empty
+        run("umount", "-l", mp, check=False)
+    root = node_cgroup_root().strip("/")
+    for h in _hierarchies():
+        top = h / root
+        if top.exists():
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
+                            reverse=True) + [top]:
+                try:
+                    d.rmdir()
+                except OSError:
+                    pass
+    for d in (RUN_DIR, STATE_DIR):
+        shutil.rmtree(d, ignore_errors=True)
+    for link in _log_links():
+        link.unlink(missing_ok=True)
+    empty_dirs = (CONTAINER_LOG_LINKS, NETNS_PATH.parent, SHIM_SOCKETS, SHIM_SOCKETS.parent / "runc",
+                  SHIM_SOCKETS.parent, CNI_CACHE, CNI_CACHE.parent, KUBELET_DEVICE_SOCK.parent,
+                  KUBELET_DEVICE_SOCK.parent.parent)
+    for d in empty_dirs:
+        try:
+            d.rmdir()  # only when empty: it may hold others' links or namespaces
+        except OSError:
+            pass

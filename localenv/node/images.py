@@ -1,0 +1,188 @@
+"""The node tier's images, built with no registry and cached by a content hash of their inputs
+under $EOPIPE_CACHE/node-images (docs/design.md#the-local-environment):
+
+- pause: localenv/node/pause/main.go built static, the image's only file.
+- base: `mmdebstrap --variant=minbase bookworm` with python3 and python3-venv, and a venv on
+  PATH (Debian's python refuses pip installs outside one, PEP 668). It stands in for the
+  python slim image a user's build starts FROM.
+- eopipe: the project's Dockerfile (target operator), built by `buildah bud` with
+  PYTHON_IMAGE=<base>.
+
+buildah keeps its images in its own store under the cache (vfs driver: it mounts nothing);
+each image ends as a docker-archive that `ctr -n k8s.io images import` loads into the node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from localenv import REPO_ROOT
+
+CACHE = Path(os.environ.get("EOPIPE_CACHE", Path.home() / ".cache" / "eopipe")) / "node-images"
+PAUSE_SRC = Path(__file__).resolve().parent / "pause" / "main.go"
+BASE_SUITE, BASE_PACKAGES = "bookworm", ("python3", "python3-venv")
+VENV = "/opt/venv"
+# What the Dockerfile's build context contributes (its COPY sources); a change rebuilds.
+APP_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "spark_app")
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def _hash(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(hashlib.sha256(p).digest())
+    return h.hexdigest()[:16]
+
+
+def tree_hash(root: Path, inputs: tuple[str, ...]) -> str:
+    """Content hash of the files under `inputs` (relative to root), names included; caches and
+    bytecode left out."""
+    parts: list[bytes] = []
+    for name in inputs:
+        p = root / name
+        files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+        for f in files:
+            rel = f.relative_to(root).as_posix()
+            if "__pycache__" in rel or ".egg-info" in rel or rel.endswith(".pyc"):
+                continue
+            parts += [rel.encode(), f.read_bytes()]
+    return _hash(*parts)
+
+
+def _log(msg: str) -> None:
+    print(f"==> {msg}", file=sys.stderr, flush=True)
+
+
+class Buildah:
+    def __init__(self, cache: Path = CACHE):
+        self.root = cache / "storage"
+        # buildah's network backend would otherwise create /etc/cni/net.d (builds use the host
+        # network: it configures nothing there).
+        conf = cache / "containers.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(f'[network]\nnetwork_config_dir = "{cache / "cni"}"\n')
+        self.env = {**os.environ, "CONTAINERS_CONF": str(conf)}
+
+    def __call__(self, *args: str, capture: bool = False) -> str:
+        argv = ["buildah", "--root", str(self.root), "--runroot", str(self.root) + "-run",
+                "--storage-driver", "vfs", *args]
+        res = subprocess.run(argv, check=True, text=True, env=self.env,
+                             stdout=subprocess.PIPE if capture else sys.stderr)
+        return (res.stdout or "").strip()
+
+    def has_image(self, ref: str) -> bool:
+        argv = ["buildah", "--root", str(self.root), "--runroot", str(self.root) + "-run",
+                "--storage-driver", "vfs", "inspect", "--type", "image", ref]
+        return subprocess.run(argv, check=False, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode == 0
+
+    def archive(self, ref: str, dest: Path) -> Path:
+        """docker-archive of `ref` at dest (written beside it, then renamed: never half a file)."""
+        tmp = dest.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        self("push", "--quiet", ref, f"docker-archive:{tmp}:{ref}")
+        tmp.rename(dest)
+        return dest
+
+
+def pause_image(b: Buildah) -> tuple[str, Path]:
+    go = subprocess.run(["go", "env", "GOVERSION"], check=True, text=True, stdout=subprocess.PIPE).stdout
+    ref = f"localhost/eopipe-pause:{_hash(PAUSE_SRC.read_bytes(), go.encode())}"
+    dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
+    if dest.exists():
+        return ref, dest
+    _log(f"building {ref}")
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = Path(tmp) / "pause"
+        subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), str(PAUSE_SRC)],
+                       check=True, env={**os.environ, "CGO_ENABLED": "0", "GO111MODULE": "off"})
+        ctr = b("from", "--quiet", "scratch", capture=True)
+        try:
+            b("copy", "--quiet", ctr, str(binary), "/pause")
+            b("config", "--entrypoint", '["/pause"]', "--user", "65535:65535", ctr)
+            b("commit", "--quiet", ctr, ref)
+        finally:
+            b("rm", ctr)
+    return ref, b.archive(ref, dest)
+
+
+def base_image(b: Buildah) -> str:
+    recipe = f"mmdebstrap --variant=minbase {BASE_SUITE} {','.join(BASE_PACKAGES)}; venv {VENV}"
+    ref = f"localhost/eopipe-base:{_hash(recipe.encode())}"
+    if b.has_image(ref):
+        return ref
+    _log(f"building {ref}: {recipe}")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        rootfs = Path(tmp) / "rootfs.tar"
+        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}",
+                        BASE_SUITE, str(rootfs)], check=True)
+        ctr = b("from", "--quiet", "scratch", capture=True)
+        try:
+            b("add", "--quiet", ctr, str(rootfs), "/")
+            # python3 -m venv installs pip from wheels Debian ships: nothing is downloaded.
+            b("run", "--isolation", "chroot", "--network", "host", ctr, "--", "python3", "-m", "venv", VENV)
+            b("config", "--env", f"PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+              "--cmd", "python3", ctr)
+            b("commit", "--quiet", ctr, ref)
+        finally:
+            b("rm", ctr)
+    return ref
+
+
+def app_image(b: Buildah) -> tuple[str, Path]:
+    """The operator/dedup image from the Dockerfile on the mmdebstrap base."""
+    base = base_image(b)
+    ref = f"localhost/eopipe:{_hash(base.encode(), tree_hash(REPO_ROOT, APP_INPUTS).encode())}"
+    dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
+    if dest.exists():
+        return ref, dest
+    _log(f"building {ref} from the Dockerfile (FROM {base})")
+    t0 = time.monotonic()
+    # The host's CA bundle, for pip behind this machine's TLS-inspecting proxy (build time only).
+    ca = ["--volume", f"{HOST_CA}:{HOST_CA}:ro", "--env", f"PIP_CERT={HOST_CA}"] if HOST_CA.exists() else []
+    b("bud", "--quiet", "--isolation", "chroot", "--network", "host", "--pull=never", "--layers=false",
+      "--build-arg", f"PYTHON_IMAGE={base}", "--target", "operator", *ca,
+      "-f", str(REPO_ROOT / "Dockerfile"), "-t", ref, str(REPO_ROOT))
+    _log(f"{ref} built in {time.monotonic() - t0:.0f}s")
+    b.archive(ref, dest)
+    _prune(b, ref, dest)
+    return ref, dest
+
+
+def _prune(b: Buildah, ref: str, dest: Path) -> None:
+    """Only the newest app image is kept (each is some 350 MB, and every source change makes one)."""
+    for old in CACHE.glob("eopipe-[0-9a-f]*.tar"):
+        if old != dest:
+            old.unlink()
+    repo = ref.rsplit(":", 1)[0]
+    for line in b("images", "--noheading", "--format", "{{.Name}}:{{.Tag}}", capture=True).splitlines():
+        if line.rsplit(":", 1)[0] == repo and line != ref:
+            b("rmi", line)
+
+
+def ensure_images(app: bool = True) -> dict[str, tuple[str, Path]]:
+    """{"pause": (ref, archive), "app": (ref, archive)}: built once, then from the cache."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    b = Buildah()
+    out = {"pause": pause_image(b)}
+    if app:
+        out["app"] = app_image(b)
+    return out
+
+
+def import_images(ctr: list[str], archives: list[Path]) -> None:
+    """Loads the archives into containerd's k8s.io namespace (the CRI plugin's)."""
+    for a in archives:
+        subprocess.run([*ctr, "-n", "k8s.io", "images", "import", "--no-unpack=false", str(a)],
+                       check=True, stdout=subprocess.DEVNULL)
+
+
+if __name__ == "__main__":
+    for name, (ref, path) in ensure_images().items():
+        print(f"{name}\t{ref}\t{path}")

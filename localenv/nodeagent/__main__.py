@@ -1,0 +1,5 @@
+import sys
+
+from localenv.nodeagent.cli import main
+
+sys.exit(main())

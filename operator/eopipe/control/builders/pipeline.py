@@ -1,0 +1,32 @@
+"""Every Kubernetes object of a pipeline, in the order the operator applies them: the one list
+that the reconcile pass applies and `eopipe render` prints."""
+
+from __future__ import annotations
+
+from eopipe.control.builders import access, dedup, spark
+from eopipe.control.settings import Settings
+from eopipe.core.assignment import Assignment
+from eopipe.core.names import Names
+
+
+def dedup_objects(names: Names, image: str, assignment: Assignment, replicas: int,
+                  network: access.PolicyPeers | None = None) -> list[dict]:
+    """The assignment ConfigMap, the pods' RBAC, the headless Service, the PodDisruptionBudget,
+    the NetworkPolicy (with `network`: the operator's setting), and last the StatefulSet (the
+    reconcile pass reads its status). The token Secret is not here: it is created once, with a
+    random token (control/tokens.py)."""
+    policy = [access.network_policy(names, network)] if network is not None else []
+    return [dedup.assignment_configmap(names, assignment), *dedup.rbac(names), dedup.headless_service(names),
+            dedup.pod_disruption_budget(names), *policy, dedup.statefulset(names, image, replicas)]
+
+
+def processing_objects(names: Names, spark_image: str) -> list[dict]:
+    """The Spark driver's RBAC, and last the SparkApplication; nothing without spec.processing."""
+    if names.spec.processing is None:
+        return []
+    return [*spark.driver_rbac(names), spark.spark_application(names, spark_image)]
+
+
+def objects(names: Names, settings: Settings, assignment: Assignment, replicas: int) -> list[dict]:
+    return (dedup_objects(names, settings.image, assignment, replicas, settings.network_policy)
+            + processing_objects(names, settings.spark_image))

@@ -1,0 +1,152 @@
+"""The SparkApplication of the processing stage (Kubeflow Spark Operator, v1beta2)."""
+
+from __future__ import annotations
+
+import json
+
+from eopipe.control.builders import checkpoint, pods
+from eopipe.core import kafkaconf
+from eopipe.core.names import Names
+
+SPARK_APP_MAIN = "local:///opt/eopipe/spark_app/main.py"
+CHECKPOINT_VOLUME = "checkpoint"
+
+
+def spark_config(names: Names) -> dict:
+    """What spark_app needs, passed as one JSON argument so it is validated in one place."""
+    spec = names.spec
+    proc, sink = spec.processing, spec.sink
+    conf = {
+        "pipeline": names.pipeline,
+        "namespace": names.namespace,
+        "bootstrap": spec.kafka.bootstrap_servers,
+        "source_topic": names.deduped_topic,
+        "sql": proc.sql,
+        "trigger": proc.trigger,
+        "checkpoint_location": proc.checkpoint.location(names.pipeline),
+        "output_mode": proc.output_mode,
+    }
+    optional = {"schema": proc.value_schema, "transform": proc.transform,
+                "max_offsets_per_trigger": proc.max_offsets_per_trigger,
+                "watermark": proc.watermark and {"column": proc.watermark.column, "delay": proc.watermark.delay}}
+    conf.update({k: v for k, v in optional.items() if v is not None})
+    if sink.kafka is not None:
+        conf["sink"] = {"kind": "kafka", "topic": sink.kafka.topic,
+                        "commit_topic": names.spark_commit_topic}
+    else:
+        conf["sink"] = {"kind": "files", "path": sink.files.path, "format": sink.files.format}
+    return conf
+
+
+def shuffle_partitions(names: Names) -> int:
+    """Spark's default of 200 makes a small streaming batch 200 tasks. Two per executor core
+    keeps every core busy; the first run pins the number in the checkpoint, so later changes
+    of the executors do not reshuffle existing state."""
+    ex = names.spec.processing.executors
+    return max(2, 2 * ex.instances * ex.cores)
+
+
+def _security() -> dict:
+    """The driver's and the executors' security settings, which the Spark Operator copies into
+    the pods Spark creates (its pod webhook: podSecurityContext becomes the pod's
+    securityContext, securityContext the Spark container's). The root filesystem stays
+    writable: Spark and spark_app write outside the local-dir volumes Spark mounts (the JVM and
+    spark_app's zip of itself under /tmp, caches under the home directory), and no test here
+    runs Spark in a container to find every such path."""
+    return {"podSecurityContext": pods.pod_security_context(),
+            "securityContext": pods.container_security_context(read_only_root_filesystem=False)}
+
+
+def _pod(proc, labels: dict, cores: int, memory: str, overhead: str | None) -> dict:
+    """What the driver and the executors share: resources, placement, env, security."""
+    pod = {"cores": cores, "memory": memory, "labels": labels, **_security()}
+    extra = {"memoryOverhead": overhead, "nodeSelector": dict(proc.node_selector) or None,
+             "tolerations": list(proc.tolerations) or None, "affinity": proc.affinity,
+             "envFrom": list(proc.env_from) or None}
+    pod.update({k: v for k, v in extra.items() if v is not None})
+    return pod
+
+
+def volumes(names: Names) -> tuple[list[dict], list[dict], list[dict]]:
+    """(spec.volumes, the driver's volumeMounts, the executors'): the checkpoint claim in the
+    driver, and in the executors too when it is ReadWriteMany (their state files, a files sink)."""
+    claim = checkpoint.claim_name(names)
+    if claim is None:
+        return [], [], []
+    pvc = names.spec.processing.checkpoint.pvc
+    mount = [{"name": CHECKPOINT_VOLUME, "mountPath": pvc.mount_path}]
+    return ([{"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}}], mount,
+            mount if pvc.access_mode == "ReadWriteMany" else [])
+
+
+def spark_application(names: Names, image: str) -> dict:
+    proc = names.spec.processing
+    labels = names.labels("processing")
+    env = [e.model_dump(by_alias=True, exclude_none=True) for e in proc.env]
+    vols, driver_mounts, executor_mounts = volumes(names)
+    app = {
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "kind": "SparkApplication",
+        "metadata": {"name": names.spark_app, "namespace": names.namespace, "labels": labels},
+        "spec": {
+            "type": "Python",
+            "mode": "cluster",
+            "pythonVersion": "3",
+            "image": proc.image or image,
+            "mainApplicationFile": SPARK_APP_MAIN,
+            "arguments": ["--config-json", json.dumps(spark_config(names), sort_keys=True)],
+            "sparkVersion": "4.0.0",
+            "restartPolicy": {"type": "OnFailure", "onFailureRetries": 1000,
+                              "onFailureRetryInterval": 10, "onSubmissionFailureRetries": 10,
+                              "onSubmissionFailureRetryInterval": 20},
+            "sparkConf": {
+                "spark.sql.streaming.stateStore.providerClass":
+                    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+                "spark.sql.shuffle.partitions": str(shuffle_partitions(names)),
+                **proc.spark_conf,
+            },
+            # spark_app reads the Kafka client settings (credentials from Secrets) on the
+            # driver and hands them to the Kafka source and sink it plans for the executors.
+            "driver": {**_pod(proc, labels, proc.driver.cores, proc.driver.memory, proc.driver.memory_overhead),
+                       "serviceAccount": proc.service_account or driver_rbac(names)[0]["metadata"]["name"],
+                       "env": kafkaconf.pod_env(names.spec.kafka) + env},
+            "executor": {"instances": proc.executors.instances,
+                         **_pod(proc, labels, proc.executors.cores, proc.executors.memory,
+                                proc.executors.memory_overhead)},
+        },
+    }
+    if env:
+        app["spec"]["executor"]["env"] = env
+    if proc.hadoop_conf:
+        app["spec"]["hadoopConf"] = dict(proc.hadoop_conf)
+    if vols:
+        app["spec"]["volumes"] = vols
+        app["spec"]["driver"]["volumeMounts"] = driver_mounts
+        if executor_mounts:
+            app["spec"]["executor"]["volumeMounts"] = executor_mounts
+    if secrets := pods.image_pull_secrets(names.spec):
+        app["spec"]["imagePullSecrets"] = secrets  # v1beta2 takes names, not references
+    return app
+
+
+# What the Spark driver does on Kubernetes: executor pods, their service, config maps and
+# (with dynamic allocation of volumes) claims. The operator holds the same rights (RBAC forbids
+# granting more than one has), see charts/eopipe/templates/_helpers.tpl.
+DRIVER_RULES = [
+    {"apiGroups": [""], "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
+     "verbs": ["get", "list", "watch", "create", "delete", "deletecollection", "patch"]},
+]
+
+
+def driver_rbac(names: Names) -> list[dict]:
+    """ServiceAccount, Role and RoleBinding that the SparkApplication's driver runs as."""
+    sa = f"{names.pipeline}-spark"
+    meta = {"name": sa, "namespace": names.namespace, "labels": names.labels("processing")}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
+         "rules": DRIVER_RULES},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+         "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": names.namespace}]},
+    ]

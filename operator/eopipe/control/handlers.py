@@ -1,0 +1,218 @@
+"""Kopf handlers: thin. They call the reconciler, write status, post events, handle deletion."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import kopf
+from confluent_kafka import KafkaException
+from kubernetes import client
+from prometheus_client import Counter, Gauge, Histogram
+
+from eopipe.control.builders.topics import desired_topics
+from eopipe.control.reconcile import Reconciler
+from eopipe.control.settings import Settings
+from eopipe.control.status import merge_conditions, merge_patch, summarize
+from eopipe.control.topics import delete_topics
+from eopipe.core import spec as spec_mod
+from eopipe.core.kubeclient import load_config
+from eopipe.core.names import Names
+
+RESOURCE = spec_mod.RESOURCE
+
+RECONCILES = Counter("eopipe_operator_reconciles_total", "reconcile passes", ["result"])
+RECONCILE_SECONDS = Histogram("eopipe_operator_reconcile_seconds", "duration of a reconcile pass")
+PHASES = Gauge("eopipe_operator_pipeline_ready", "1 if the pipeline is Ready", ["namespace", "name"])
+OPEN_TXN = Gauge("eopipe_operator_open_transaction_seconds",
+                 "how long the oldest open transaction has held the pipeline's output (its last stable "
+                 "offset unmoved below the high watermark); 0 when none is open", ["namespace", "name"])
+AUTOSCALE_DESIRED = Gauge("eopipe_operator_autoscale_desired_replicas",
+                          "the dedup pods spec.dedup.autoscale wants (status.autoscale.desiredReplicas); "
+                          "absent while autoscaling is off", ["namespace", "name"])
+
+
+def _write_status(rec: Reconciler, body, outcome) -> dict:
+    old = (body.get("status") or {}).get("conditions") or []
+    conditions, phase = summarize(outcome.stages, stalled=outcome.stalled,
+                                  rebalancing=outcome.rebalancing,
+                                  paused=bool((body.get("spec") or {}).get("paused")))
+    generation = body["metadata"].get("generation", 0)
+    merged = merge_conditions(old, conditions, generation)
+    # A merge patch keeps keys it does not mention: each field replaces what was there whole
+    # (pods scaled away leave the assignment, a finished phase's keys leave the rebalance).
+    was = body.get("status") or {}
+    status = {"observedGeneration": generation, "phase": phase, "conditions": merged,
+              **{k: merge_patch(was.get(k), v) for k, v in outcome.fields.items()}}
+    client.CustomObjectsApi(rec.api).patch_namespaced_custom_object_status(
+        *RESOURCE[:2], body["metadata"]["namespace"], RESOURCE[2], body["metadata"]["name"],
+        {"status": status})
+    # Every rebalance step (start, handoff, re-shard, rebuild fallbacks, completion).
+    for type_, reason, message in outcome.events:
+        (kopf.warn if type_ == "Warning" else kopf.info)(body, reason=reason, message=message[:1000])
+    # One event per condition that changed status, as kubectl describe users expect.
+    before = {c["type"]: c.get("status") for c in old}
+    for c in merged:
+        if c["type"] == "Stalled" and c["status"] == "False" and "Stalled" not in before:
+            continue  # a new pipeline that is not stalled: nothing to tell
+        if before.get(c["type"]) != c["status"]:
+            bad = (c["type"] == "Stalled") == (c["status"] == "True")
+            (kopf.warn if bad and c["type"] != "Reconciling" else kopf.info)(
+                body, reason=c["reason"], message=f"{c['type']}={c['status']}: {c['message']}"[:1000])
+    PHASES.labels(body["metadata"]["namespace"], body["metadata"]["name"]).set(
+        1 if merged[0]["status"] == "True" else 0)
+    since = [t["sinceMs"] for field in ("transactions", "sourceTransactions")
+             for t in (outcome.fields.get(field) or {}).values()]
+    OPEN_TXN.labels(body["metadata"]["namespace"], body["metadata"]["name"]).set(
+        max(0.0, time.time() - min(since) / 1000) if since else 0)
+    if "autoscale" in outcome.fields:  # else the pass stopped early: the series stays as it was
+        auto = outcome.fields["autoscale"]
+        if auto:
+            AUTOSCALE_DESIRED.labels(body["metadata"]["namespace"], body["metadata"]["name"]).set(
+                auto["desiredReplicas"])
+        else:
+            _forget(AUTOSCALE_DESIRED, body)
+    return status
+
+
+def _autoscaling(spec, **_) -> bool:
+    auto = ((spec or {}).get("dedup") or {}).get("autoscale")
+    return isinstance(auto, dict) and auto.get("enabled", True) is not False
+
+
+def _forget(gauge: Gauge, body) -> None:
+    try:
+        gauge.remove(body["metadata"]["namespace"], body["metadata"]["name"])
+    except KeyError:
+        pass  # never set by this process
+
+
+def _reconcile(rec: Reconciler, body, logger) -> None:
+    t0 = time.monotonic()
+    with rec.lock(body["metadata"]["namespace"], body["metadata"]["name"]):
+        # Kopf runs timers beside change handlers and hands each a body of its moment: inside
+        # the lock, work from the object as it is now (the spec and the rebalance recorded by a
+        # pass that just finished), never from a stale copy.
+        body = _fresh(rec, body)
+        if body is None:
+            return
+        try:
+            outcome = rec.reconcile(body)
+        except Exception:
+            RECONCILES.labels("error").inc()
+            raise
+        finally:
+            RECONCILE_SECONDS.observe(time.monotonic() - t0)
+        status = _write_status(rec, body, outcome)
+    RECONCILES.labels("retry" if outcome.retry else "ok").inc()
+    logger.info(f"reconciled: phase={status['phase']}")
+    if outcome.retry:
+        raise kopf.TemporaryError("Kafka not reachable yet", delay=5)
+
+
+def _fresh(rec: Reconciler, body) -> dict | None:
+    try:
+        return client.CustomObjectsApi(rec.api).get_namespaced_custom_object(
+            *RESOURCE[:2], body["metadata"]["namespace"], RESOURCE[2], body["metadata"]["name"])
+    except client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
+    """Registers the handlers with their configuration. The reconciler (API credentials, Kafka
+    admin clients) is made on first use, inside the operator's process."""
+    made: list[Reconciler] = []
+
+    def reconciler() -> Reconciler:
+        if not made:
+            made.append(Reconciler(load_config(), config))
+        return made[0]
+
+    # A registry of our own starts with no login handler: the kubernetes client's credentials
+    # (in-cluster, else KUBECONFIG), as kopf's default registry would pick.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_):
+        settings.persistence.finalizer = f"{spec_mod.GROUP}/finalizer"
+        settings.posting.level = logging.INFO
+        settings.watching.server_timeout = 120
+        settings.networking.request_timeout = 60
+
+    @kopf.on.resume(*RESOURCE, registry=registry)
+    @kopf.on.create(*RESOURCE, registry=registry)
+    @kopf.on.update(*RESOURCE, field="spec", registry=registry)
+    def on_change(body, logger, **kw):
+        _reconcile(reconciler(), body, logger)
+
+    @kopf.timer(*RESOURCE, interval=config.resync_seconds, initial_delay=config.resync_seconds,
+                registry=registry)
+    def resync(body, logger, **kw):
+        """Level-based repair: a child object or topic removed by hand comes back."""
+        try:
+            _reconcile(reconciler(), body, logger)
+        except kopf.TemporaryError:
+            pass  # already in status; the next tick tries again
+
+    # While a rebalance runs (Kopf stops the timer once status.rebalance is gone), its next
+    # step does not wait for the resync, which is minutes apart by default.
+    @kopf.timer(*RESOURCE, interval=config.rebalance_poll_seconds, initial_delay=config.rebalance_poll_seconds,
+                when=lambda status, **_: bool((status or {}).get("rebalance")), registry=registry)
+    def rebalance_step(body, logger, **kw):
+        resync(body=body, logger=logger, **kw)
+
+    # The autoscaler's sync period (control/autoscale.py): lag and records/s observed and
+    # decided on while spec.dedup.autoscale is on, not only at the resync.
+    @kopf.timer(*RESOURCE, interval=config.autoscale_seconds, initial_delay=config.autoscale_seconds,
+                when=_autoscaling, registry=registry)
+    def autoscale_step(body, logger, **kw):
+        resync(body=body, logger=logger, **kw)
+
+    @kopf.on.delete(*RESOURCE, registry=registry, optional=True)
+    def forget_metrics(body, **_):
+        """A deleted pipeline's series leave /metrics; they would report it forever."""
+        for gauge in (PHASES, OPEN_TXN, AUTOSCALE_DESIRED):
+            _forget(gauge, body)
+
+    @kopf.on.delete(*RESOURCE, registry=registry)
+    def on_delete(body, retry, logger, **_):
+        """Kubernetes children go with the owner (garbage collector). Topics only if asked to, and
+        only the ones the operator created (status.ownedTopics): an adopted topic (the producers'
+        source topic, one Strimzi manages) is never deleted, and without a readable record of what
+        the operator created nothing is deleted.
+
+        Kafka being unreachable must not wedge the namespace: after config.delete_attempts tries
+        the finalizer lets go and a Warning event names the topics left behind."""
+        spec_body = body.get("spec") or {}
+        if spec_body.get("deletionPolicy", "Retain") != "Delete":
+            return
+        try:
+            names = Names(body["metadata"]["namespace"], body["metadata"]["name"],
+                          spec_mod.PipelineSpec.model_validate(spec_body))
+        except Exception as e:
+            kopf.warn(body, reason="TopicsRetained", message=f"spec unreadable, topics kept: {e}")
+            return
+        wanted: list[str] = []
+        try:
+            rec = reconciler()
+            # A pass may be creating a topic right now: wait for it, then read what it recorded.
+            with rec.lock(names.namespace, names.pipeline):
+                owned = ((_fresh(rec, body) or body).get("status") or {}).get("ownedTopics")
+            if not isinstance(owned, list) or not all(isinstance(t, str) for t in owned):
+                kopf.warn(body, reason="TopicsRetained",
+                          message="no readable record of the topics the operator created (status.ownedTopics), "
+                                  "so none is deleted; kept: " + ", ".join(t.name for t in desired_topics(names)))
+                return
+            wanted = sorted(owned)
+            gone = delete_topics(rec.kafka_admin(names), wanted)
+            kopf.info(body, reason="TopicsDeleted",
+                      message=(", ".join(gone) or "none: the operator created no topic that still exists")
+                      + "; topics it did not create are kept")
+        except (KafkaException, KeyError, client.ApiException) as e:
+            if retry + 1 < config.delete_attempts:
+                raise kopf.TemporaryError(f"deleting topics: {e}", delay=5)
+            kopf.warn(body, reason="TopicsRetained",
+                      message=f"gave up deleting topics after {config.delete_attempts} attempts "
+                              f"({e}); left behind: {', '.join(wanted)}")

@@ -1,0 +1,111 @@
+"""What a reconcile pass decides on, read from the cluster and from Kafka: the source topic's
+partition count, the published assignment, the StatefulSet, the dedup pods with their /status,
+and (while pausing for a re-shard) the group's committed offsets. Only reads; the decisions are
+control.rebalance's, from these facts."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+from kubernetes import client
+
+from eopipe.control.builders import dedup as dedup_builders
+from eopipe.control.kube import Applier
+from eopipe.control.rebalance import Facts, PodFacts
+from eopipe.core import kafkaconf
+from eopipe.core.assignment import Assignment
+from eopipe.core.durations import duration_ms
+from eopipe.core.names import Names
+from eopipe.core.wire import PodStatus
+
+POD_STATUS_TIMEOUT = 2.0
+
+
+class Observer:
+    def __init__(self, core: client.CoreV1Api, applier: Applier, kafka_timeout: float):
+        self.core, self.applier, self.kafka_timeout = core, applier, kafka_timeout
+
+    def kafka_conf(self, names: Names) -> dict[str, str]:
+        """librdkafka settings of the pipeline's Kafka, credentials read from its Secrets."""
+        return kafkaconf.client_config(names.spec.kafka, kafkaconf.secret_reader(self.core, names.namespace))
+
+    def kafka_admin(self, names: Names) -> AdminClient:
+        return AdminClient({**self.kafka_conf(names),
+                            "socket.connection.setup.timeout.ms": int(self.kafka_timeout * 1000)})
+
+    def stable_offsets(self, names: Names, topic: str) -> dict[int, tuple[int, int]]:
+        """Per partition of `topic`: (last stable offset, high watermark). Below the high
+        watermark, the LSO waits on the oldest open transaction."""
+        admin = self.kafka_admin(names)
+        md = admin.list_topics(topic, timeout=self.kafka_timeout).topics.get(topic)
+        if md is None or md.error is not None:
+            return {}
+        partitions = len(md.partitions)
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        out: dict[int, list[int]] = {p: [0, 0] for p in range(partitions)}
+        for i, level in enumerate((IsolationLevel.READ_COMMITTED, IsolationLevel.READ_UNCOMMITTED)):
+            futs = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=level,
+                                      request_timeout=self.kafka_timeout)
+            for tp, fut in futs.items():
+                out[tp.partition][i] = fut.result().offset
+        return {p: (lso, hwm) for p, (lso, hwm) in out.items()}
+
+    def facts(self, names: Names, rb: dict | None) -> Facts:
+        spec = names.spec
+        admin = self.kafka_admin(names)
+        md = admin.list_topics(timeout=self.kafka_timeout).topics.get(names.source_topic)
+        actual = len(md.partitions) if md is not None and md.error is None and md.partitions else None
+        cm = self.applier.get("v1", "ConfigMap", names.assignment_configmap, names.namespace)
+        assignment = None
+        if cm is not None and (cm.get("data") or {}).get(dedup_builders.ASSIGNMENT_KEY):
+            assignment = Assignment.from_json(json.loads(cm["data"][dedup_builders.ASSIGNMENT_KEY]))
+        sts = self.applier.get("apps/v1", "StatefulSet", names.dedup, names.namespace)
+        sts_replicas = None if sts is None else int((sts.get("spec") or {}).get("replicas") or 0)
+        pods = self.pods(names)
+        committed = None
+        if rb is not None and rb.get("phase") == "Pausing" and actual:
+            committed = self.committed(names, actual)
+        return Facts(
+            now_ms=int(time.time() * 1000), pod_prefix=names.dedup, replicas=spec.dedup.replicas,
+            partitions=spec.source.partitions, paused=bool(spec.paused), actual_partitions=actual,
+            assignment=assignment, sts_replicas=sts_replicas, pods=pods, committed=committed,
+            window_ms=duration_ms(spec.dedup.window))
+
+    def pods(self, names: Names) -> dict[str, PodFacts]:
+        sel = ",".join(f"{k}={v}" for k, v in names.selector("dedup").items())
+        items = self.core.list_namespaced_pod(names.namespace, label_selector=sel).items
+        pods = {}
+        for pod in items:
+            st = pod.status
+            ready = any(c.type == "Ready" and c.status == "True" for c in (st.conditions or []))
+            pods[pod.metadata.name] = PodFacts(pod.metadata.name, st.pod_ip, ready,
+                                                            port=dedup_builders.HTTP_PORT)
+
+        def fetch(pf):
+            if not pf.ip:
+                return
+            try:
+                with urllib.request.urlopen(f"{pf.url}/status", timeout=POD_STATUS_TIMEOUT) as r:
+                    pf.status = PodStatus.from_json(json.loads(r.read()))
+            except (OSError, ValueError):  # unreachable, not JSON, or not a /status (ValidationError)
+                pf.status = None
+        if pods:
+            with ThreadPoolExecutor(min(8, len(pods))) as ex:
+                list(ex.map(fetch, pods.values()))
+        return pods
+
+    def committed(self, names: Names, partitions: int) -> dict[int, int] | None:
+        c = Consumer({**self.kafka_conf(names), "group.id": names.consumer_group, "enable.auto.commit": False})
+        try:
+            tps = c.committed([TopicPartition(names.source_topic, p) for p in range(partitions)],
+                              timeout=self.kafka_timeout)
+            return {tp.partition: tp.offset for tp in tps}
+        except KafkaException:
+            return None
+        finally:
+            c.close()

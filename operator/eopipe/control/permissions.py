@@ -1,0 +1,78 @@
+"""Every Kubernetes API access of the operator, as RBAC sees it: the table the chart's
+ClusterRole and Roles are checked against (tests/integration/test_chart.py) and that is itself
+checked against the code (tests/unit/test_permissions.py: the client calls in control/ and
+core/, the kinds the builders make, which are applied server-side, and Kopf's own).
+
+Scopes: WATCHED, in every namespace whose pipelines the operator reconciles (a Role there, or
+the ClusterRole when it watches all); OWN, the operator's own namespace (its Lease); CLUSTER,
+cluster-scoped reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WATCHED, OWN, CLUSTER = "watched", "own", "cluster"
+
+# Server-side apply of an object: get (read back), create (when missing) and patch.
+APPLY = ("get", "create", "patch")
+
+
+@dataclass(frozen=True)
+class Access:
+    group: str
+    resource: str
+    verbs: tuple[str, ...]
+    scope: str
+    why: str
+
+
+KOPF = (
+    Access("eopipe.dev", "exactlyoncepipelines", ("list", "watch", "patch"), WATCHED,
+           "Kopf: watches pipelines, patches its finalizer and handler progress"),
+    Access("", "events", ("create",), WATCHED, "Kopf posts the operator's events"),
+    Access("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"), CLUSTER,
+           "Kopf observes the CRD"),
+    Access("", "namespaces", ("list", "watch"), CLUSTER, "Kopf observes namespaces, even named ones"),
+)
+
+API_ACCESS = (
+    *KOPF,
+    Access("eopipe.dev", "exactlyoncepipelines", ("get", "list"), WATCHED,
+           "re-read inside the lock; list all to find two pipelines writing one topic"),
+    Access("eopipe.dev", "exactlyoncepipelines/status", ("patch",), WATCHED, "status"),
+    Access("", "pods", ("list",), WATCHED, "the dedup pods, to read their /status"),
+    Access("", "secrets", ("get", "create"), WATCHED,
+           "Kafka credentials (read); the state-endpoint token Secret (created once, then read)"),
+    Access("", "configmaps", APPLY, WATCHED, "the assignment ConfigMap"),
+    Access("", "services", APPLY, WATCHED, "the dedup pods' headless Service"),
+    Access("", "serviceaccounts", APPLY, WATCHED, "the dedup pods' and the Spark driver's"),
+    Access("", "persistentvolumeclaims", APPLY, WATCHED, "the Spark checkpoint volume"),
+    Access("apps", "statefulsets", APPLY, WATCHED, "the dedup pods"),
+    Access("policy", "poddisruptionbudgets", APPLY, WATCHED, "the dedup pods' budget"),
+    Access("networking.k8s.io", "networkpolicies", APPLY, WATCHED, "who may reach the dedup pods"),
+    Access("rbac.authorization.k8s.io", "roles", APPLY, WATCHED, "the dedup pods' and the driver's"),
+    Access("rbac.authorization.k8s.io", "rolebindings", APPLY, WATCHED, "the dedup pods' and the driver's"),
+    Access("sparkoperator.k8s.io", "sparkapplications", APPLY, WATCHED, "the processing stage"),
+    Access("coordination.k8s.io", "leases", ("get", "create", "update"), OWN,
+           "leader election (control/leader.py)"),
+)
+
+# What no call makes but the API server checks: setting an owner reference with
+# blockOwnerDeletion (clusters with OwnerReferencesPermissionEnforcement).
+IMPLIED = (
+    Access("eopipe.dev", "exactlyoncepipelines/finalizers", ("update",), WATCHED,
+           "owner references with blockOwnerDeletion on every child"),
+)
+
+# Built by a builder but created once instead of applied (an apply would rotate its token).
+CREATED_NOT_APPLIED = {("", "secrets")}
+
+
+def granted(scope: str) -> dict[tuple[str, str], set[str]]:
+    """(group, resource) -> verbs, for one scope."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for a in API_ACCESS:
+        if a.scope == scope:
+            out.setdefault((a.group, a.resource), set()).update(a.verbs)
+    return out

@@ -1,0 +1,157 @@
+"""Pipeline status in the kstatus convention: conditions, phase and observedGeneration.
+
+Pure functions: the reconcile handler gathers facts (per-stage conditions) and these derive
+the summary conditions (Ready, Reconciling, Stalled) and the phase, so Argo CD and
+`kubectl wait --for=condition=Ready` read the same truth.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eopipe.core.durations import rfc3339
+from eopipe.core.wire import PartitionState
+
+STAGES = ("TopicsReady", "DedupReady", "ProcessingReady")
+# Reasons of a stage that failed (as opposed to one on its way): the pipeline is Degraded, and
+# argocd/health.lua keeps the same list.
+FAILURE_REASONS = frozenset({"KafkaUnavailable", "SparkFailed", "SparkOperatorMissing", "ApplyFailed",
+                             "AdoptedTopicMismatch", "HangingTransaction", "LagGrowing",
+                             "ImageNotAllowed"})  # an image in the spec is outside the allowed registries
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str = ""
+
+
+def merge_conditions(old: list[dict] | None, new: list[Condition], generation: int,
+                     now: str | None = None) -> list[dict]:
+    """Conditions as the API wants them; lastTransitionTime moves only when status flips."""
+    now = now or rfc3339()
+    previous = {c["type"]: c for c in old or ()}
+    out = []
+    for c in new:
+        status = "True" if c.status else "False"
+        prev = previous.get(c.type)
+        changed = prev is None or prev.get("status") != status
+        out.append({"type": c.type, "status": status, "reason": c.reason, "message": c.message,
+                    "observedGeneration": generation,
+                    "lastTransitionTime": now if changed else prev.get("lastTransitionTime", now)})
+    return out
+
+
+def summarize(stages: list[Condition], *, stalled: Condition | None = None,
+              rebalancing: str | None = None, paused: bool = False) -> tuple[list[Condition], str]:
+    """Stage conditions -> all conditions (summary first) and the phase."""
+    not_ready = [c for c in stages if not c.status]
+    failed = [c for c in not_ready if c.reason in FAILURE_REASONS]
+    if stalled is not None:
+        ready = Condition("Ready", False, stalled.reason, stalled.message)
+        phase = "Failed"
+    elif paused:
+        ready = Condition("Ready", False, "Paused", "spec.paused is true")
+        phase = "Paused"
+    elif failed:
+        ready = Condition("Ready", False, failed[0].reason, f"{failed[0].type}: {failed[0].message}")
+        phase = "Degraded"
+    elif not_ready:
+        first = not_ready[0]
+        ready = Condition("Ready", False, first.reason, f"{first.type}: {first.message}")
+        phase = "Provisioning"
+    elif rebalancing:
+        ready = Condition("Ready", True, "Rebalancing", rebalancing)
+        phase = "Rebalancing"
+    else:
+        ready = Condition("Ready", True, "Running", "all stages ready")
+        phase = "Running"
+    # A failure is retried, but nothing is progressing until it is fixed.
+    reconciling = bool(stalled is None and not paused and not failed and (not_ready or rebalancing))
+    summary = [
+        ready,
+        Condition("Reconciling", reconciling, "Progressing" if reconciling else "Settled",
+                  rebalancing or (not_ready[0].message if not_ready and not failed else "")),
+        Condition("Stalled", stalled is not None,
+                  stalled.reason if stalled else "NotStalled", stalled.message if stalled else ""),
+    ]
+    return summary + list(stages), phase
+
+
+def dedup_lag(pods) -> int | None:
+    """Source records the dedup stage has not committed yet: per partition the lag its running
+    owner reports (the highest, while a handoff shows it at two pods), summed. None when no
+    running partition reports one."""
+    lag: dict[int, int] = {}
+    for pod in pods:
+        for p, st in pod.partitions.items():
+            if st.state == PartitionState.RUNNING and st.lag is not None:
+                lag[p] = max(lag.get(p, 0), st.lag)
+    return sum(lag.values()) if lag else None
+
+
+def open_transactions(previous: dict | None, offsets: dict[int, tuple[int, int]], now_ms: int,
+                      threshold_ms: int) -> tuple[dict, list[int]]:
+    """Partitions of the output whose last stable offset stays below the high watermark: an
+    open transaction holds every read_committed reader there. Returns the record for status
+    (`{"<p>": {"lastStableOffset", "sinceMs"}}`, since when the LSO has not moved) and the
+    partitions held longer than `threshold_ms`: a transaction the broker no longer times out
+    (a hanging transaction) or a producer that keeps one open far beyond its own timeout."""
+    record, hanging = {}, []
+    for p, (lso, hwm) in sorted(offsets.items()):
+        if lso >= hwm:
+            continue
+        was = (previous or {}).get(str(p)) or {}
+        since = was.get("sinceMs", now_ms) if was.get("lastStableOffset") == lso else now_ms
+        record[str(p)] = {"lastStableOffset": lso, "sinceMs": since}
+        if now_ms - since > threshold_ms:
+            hanging.append(p)
+    return record, hanging
+
+
+def lag_alert(since_ms: int | None, lag: int | None, now_ms: int, threshold: int | None,
+              window_ms: int) -> tuple[int | None, bool]:
+    """spec.dedup.lagThreshold: since when the dedup lag has stayed above the threshold (None:
+    it is not above), and whether that has lasted longer than the window (phase Degraded,
+    LagGrowing). Without a lag report (no pod running a partition) the last verdict stands: an
+    outage must not clear the alert it causes."""
+    if threshold is None:
+        return None, False
+    if lag is not None:
+        since_ms = (since_ms if since_ms is not None else now_ms) if lag > threshold else None
+    return since_ms, since_ms is not None and now_ms - since_ms >= window_ms
+
+
+def effective_window_seconds(pods) -> float | None:
+    """The window the dedup state really covers: the shortest any partition reports (after a
+    rebuild from a source with less retention it is shorter than spec.dedup.window). None when
+    no worker reports one (none running yet)."""
+    spans = [p.store.effective_window_seconds for pod in pods for p in pod.partitions.values()
+             if p.store is not None and p.store.effective_window_seconds is not None]
+    return min(spans) if spans else None
+
+
+def merge_patch(old, new):
+    """The JSON merge patch (RFC 7386) that turns `old` into `new` exactly.
+
+    Status is written by merge patch, and a merge patch keeps every key it does not mention:
+    sent as is, a record that lost a key (a rebalance target without its `reshard` block, an
+    assignment without a pod scaled away) would keep the old one. So every key of `old` that
+    `new` no longer has is sent as null, at every depth."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch = {k: merge_patch(old.get(k), v) for k, v in new.items()}
+    patch.update({k: None for k in old if k not in new})
+    return patch
+
+
+def rebalance_patch(status: dict, rebalance: dict | None, last: dict | None = None) -> dict:
+    """The status patch that records a rebalance step: `status.rebalance` becomes `rebalance`
+    (None: no rebalance running), and `status.lastRebalance` becomes `last` if given, exactly,
+    whatever `status` held before."""
+    patch = {"rebalance": merge_patch(status.get("rebalance"), rebalance)}
+    if last is not None:
+        patch["lastRebalance"] = merge_patch(status.get("lastRebalance"), last)
+    return patch

@@ -1,0 +1,340 @@
+"""The ExactlyOncePipeline spec: typed, validated at the boundary, and the source of the CRD schema.
+
+Field names are the manifest's camelCase. Rules that the API server can check (types, ranges,
+patterns, CEL across fields) go into the CRD through `eopipe.control.crd`; the same rules are checked
+here, so a spec that reaches the builders is always valid.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from eopipe.core.durations import parse_duration
+from eopipe.core.keys import KeySpec
+
+# Executors, ProcessingSpec and the shared types are re-exported: callers import them from here.
+from eopipe.core.processing import FILE_SINK_RULES, PROCESSING_CEL_RULES, Executors, ProcessingSpec, file_sink_problem  # noqa: F401
+from eopipe.core.specbase import (  # noqa: F401
+    QUANTITY_PATTERN,
+    TOPIC_PATTERN,
+    Duration,
+    EnvVar,
+    KubeObject,
+    Model,
+    Quantity,
+    SparkMemory,
+    TopicName,
+    section,
+)
+
+GROUP = "eopipe.dev"
+VERSION = "v1alpha1"
+KIND = "ExactlyOncePipeline"
+PLURAL = "exactlyoncepipelines"
+RESOURCE = (GROUP, VERSION, PLURAL)  # how kopf and the custom objects API name it
+
+
+
+class SecretKeyRef(Model):
+    name: str = Field(min_length=1, description="Secret name, in the pipeline's namespace")
+    key: str = Field(min_length=1)
+
+
+class Sasl(Model):
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    username: SecretKeyRef
+    password: SecretKeyRef
+
+
+class Tls(Model):
+    ca: SecretKeyRef | None = Field(None, description="CA certificate (PEM) to trust")
+    cert: SecretKeyRef | None = Field(None, description="client certificate (PEM), for mTLS")
+    key: SecretKeyRef | None = Field(None, description="client private key (PEM), for mTLS")
+
+
+class KafkaSpec(Model):
+    bootstrap_servers: str = Field(min_length=1, description="host:port[,host:port...]")
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl: Sasl | None = None
+    tls: Tls | None = None
+
+
+class SourceSpec(Model):
+    topic: TopicName
+    partitions: int = Field(ge=1, le=10000, description="may grow, never shrink")
+    replication_factor: int = Field(1, ge=1, le=32)
+    retention: Duration = Field("168h", description="source retention; must cover the dedup window")
+    partitioner: Literal["murmur2", "crc32"] = Field(
+        "murmur2", description="how producers place keys: murmur2 (Java default) or crc32 (librdkafka default)")
+    config: dict[str, str] = section(dict, description="extra topic configs")
+
+
+# What the API server says when a rule fails; the checks below raise the same text.
+WINDOW_MESSAGE = ("dedup.window must not exceed source.retention: "
+                  "a state rebuild replays the source over the window")
+PROCESSING_MESSAGE = "processing needs a sink"
+KEY_NAME_MESSAGE = "dedup.key.name is required when from is header or jsonField"
+SINK_MESSAGE = "sink needs exactly one of kafka or files"
+RETENTION_MESSAGE = "set source.retention instead of config['retention.ms']"
+TOPICS_MESSAGE = "topics.deduped and topics.deadLetter must differ from each other, source.topic and sink.kafka.topic"
+# What the operator sets on every dedup pod (eopipe.core.names.Names.labels, the worker's env in
+# eopipe.control.builders.dedup, eopipe.core.kafkaconf.ENV_PREFIX): a pod template cannot change it.
+OPERATOR_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component",
+                   "app.kubernetes.io/managed-by", "eopipe.dev/pipeline")
+OPERATOR_ENV = ("POD_NAME", "POD_NAMESPACE", "POD_IP", "EOPIPE_TOKEN")
+OPERATOR_ENV_PREFIX = "EOPIPE_KAFKA_"
+POD_LABELS_MESSAGE = ("dedup.podTemplate.labels may not set the operator's labels (" + ", ".join(OPERATOR_LABELS)
+                      + "): the StatefulSet selects its pods by them")
+POD_ENV_MESSAGE = (f"dedup.podTemplate.env may not set {', '.join(OPERATOR_ENV)} or {OPERATOR_ENV_PREFIX}*: "
+                   "the operator sets them (Kafka settings come from spec.kafka)")
+POD_ENV_VALUE_MESSAGE = "dedup.podTemplate.env: an entry has either value or valueFrom, not both"
+# Fields whose change cannot be carried out in place, each with the way to get there instead.
+IMMUTABLE = {
+    ("source", "topic"): "source.topic is immutable: the dedup state and the consumer offsets belong "
+                         "to the source topic; create a new pipeline for the new topic and move "
+                         "producers to it",
+    ("source", "partitioner"): "source.partitioner is immutable: it decides each key's home partition, "
+                               "where its dedup state lives; create a new pipeline with the new "
+                               "partitioner and move producers to it",
+    ("dedup", "key"): "dedup.key is immutable: the dedup state is keyed by it; create a new pipeline "
+                      "with the new key and move producers to it",
+}
+
+
+class DedupKey(Model):
+    source: Literal["recordKey", "header", "jsonField"] = Field(
+        "recordKey", alias="from", description="where the dedup key is read from")
+    name: str | None = Field(None, min_length=1, description="header or JSON field name")
+
+    @model_validator(mode="after")
+    def _name_when_needed(self):
+        if self.source != "recordKey" and not self.name:
+            raise ValueError(KEY_NAME_MESSAGE)
+        return self
+
+    def key_spec(self) -> KeySpec:
+        return KeySpec(self.source, self.name)
+
+
+class Storage(Model):
+    size: Quantity = "1Gi"
+    storage_class_name: str | None = None
+
+
+class Resources(Model):
+    requests: dict[str, Quantity] = section(dict)
+    limits: dict[str, Quantity] = section(dict)
+
+
+class PodTemplate(Model):
+    labels: dict[str, str] = Field(default_factory=dict, max_length=64,
+                                   description="added to the operator's labels, which cannot be overridden")
+    annotations: dict[str, str] = Field(default_factory=dict, max_length=64,
+                                        description="added to the operator's annotations; these win")
+    node_selector: dict[str, str] = Field(default_factory=dict, max_length=64, description="as in a pod spec")
+    tolerations: list[KubeObject] = Field(default_factory=list, max_length=64,
+                                          description="Kubernetes tolerations, as in a pod spec")
+    affinity: KubeObject | None = Field(
+        None, description="a Kubernetes affinity; each of nodeAffinity, podAffinity and podAntiAffinity given "
+                          "here replaces the operator's (a preferred podAntiAffinity across nodes)")
+    priority_class_name: str | None = Field(None, min_length=1, max_length=253, description="as in a pod spec")
+    env: list[EnvVar] = Field(default_factory=list, max_length=64,
+                              description="extra environment variables of the worker container, after the "
+                                          "operator's")
+
+    @model_validator(mode="after")
+    def _operator_owned(self):
+        if set(self.labels) & set(OPERATOR_LABELS):
+            raise ValueError(POD_LABELS_MESSAGE)
+        if any(e.name in OPERATOR_ENV or e.name.startswith(OPERATOR_ENV_PREFIX) for e in self.env):
+            raise ValueError(POD_ENV_MESSAGE)
+        if any(e.value is not None and e.value_from is not None for e in self.env):
+            raise ValueError(POD_ENV_VALUE_MESSAGE)
+        return self
+
+
+# spec.dedup.autoscale (docs/design.md#autoscaling): the operator's own lag-based autoscaler.
+AUTOSCALE_RANGE_MESSAGE = "dedup.autoscale.minReplicas must not exceed dedup.autoscale.maxReplicas"
+AUTOSCALE_PARTITIONS_MESSAGE = ("dedup.autoscale.maxReplicas must not exceed source.partitions: a dedup pod "
+                                "owns whole partitions, so pods beyond the partition count would idle")
+
+
+class Autoscale(Model):
+    enabled: bool = Field(True, description="false: spec.dedup.replicas sets the count again (keeps the settings)")
+    min_replicas: int = Field(1, ge=1, le=1000)
+    max_replicas: int = Field(ge=1, le=1000, description="at most source.partitions")
+    target_lag_per_replica: int = Field(
+        1000, ge=1, le=1_000_000_000,
+        description="source records not yet committed, per dedup pod, that the autoscaler aims at")
+    target_records_per_second_per_replica: int | None = Field(
+        None, ge=1, le=100_000_000,
+        description="records/s into the source per dedup pod; the larger of the two recommendations wins")
+    scale_up_stabilization: Duration = Field(
+        "30s", description="scale up only to the lowest recommendation of this window")
+    scale_down_stabilization: Duration = Field(
+        "5m", description="scale down only to the highest recommendation of this window")
+    max_step: int = Field(2, ge=1, le=1000, description="most pods one rebalance adds or removes")
+
+    @model_validator(mode="after")
+    def _range(self):
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(AUTOSCALE_RANGE_MESSAGE)
+        return self
+
+
+class DedupSpec(Model):
+    key: DedupKey = section(DedupKey)
+    window: Duration = Field("24h", description="duplicates further apart than this are not caught")
+    replicas: int = Field(1, ge=1, le=1000)
+    image: str | None = Field(None, description="defaults to the operator's image")
+    storage: Storage = section(Storage)
+    resources: Resources = section(
+        Resources, description="of the worker container; unset keys get the operator's defaults (requests cpu "
+                               "250m, memory 512Mi; limits memory 1Gi) and the worker's RocksDB memory is 40% of "
+                               "the memory limit")
+    pod_template: PodTemplate = section(
+        PodTemplate, description="what the dedup pods get besides what the operator sets")
+    autoscale: Autoscale | None = Field(
+        None, description="the operator sets the replicas from lag and throughput (spec.dedup.replicas is then "
+                          "only the starting count)")
+    lag_threshold: int | None = Field(
+        None, ge=1, description="source records not yet committed above which, for lagThresholdWindow, the "
+                                "pipeline is Degraded (LagGrowing)")
+    lag_threshold_window: Duration = Field("5m", description="how long the lag must stay above lagThreshold")
+
+
+class LocalObjectReference(Model):
+    name: str = Field(min_length=1, max_length=253,
+                      description="a Secret of type kubernetes.io/dockerconfigjson in the pipeline's namespace")
+
+
+class KafkaSink(Model):
+    topic: TopicName
+    partitions: int = Field(1, ge=1, le=10000)
+
+
+class FileSink(Model):
+    path: str = Field(min_length=1, max_length=1024,
+                      description="a remote URI (s3a://, gs://, abfs://, hdfs://) or a path on a ReadWriteMany "
+                                  "checkpoint claim: the executors write the files")
+    format: Literal["parquet", "json"] = "parquet"
+
+
+class TopicsSpec(Model):
+    deduped: TopicName | None = Field(
+        None, description="the deduplicated records; default <namespace>.<pipeline>.deduped")
+    dead_letter: TopicName | None = Field(
+        None, description="records without a usable dedup key; default <namespace>.<pipeline>.dlq")
+
+
+class SinkSpec(Model):
+    kafka: KafkaSink | None = None
+    files: FileSink | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self):
+        if (self.kafka is None) == (self.files is None):
+            raise ValueError(SINK_MESSAGE)
+        return self
+
+
+class PipelineSpec(Model):
+    kafka: KafkaSpec
+    source: SourceSpec
+    dedup: DedupSpec = section(DedupSpec)
+    processing: ProcessingSpec | None = Field(None, description="omit for a dedup-only pipeline")
+    sink: SinkSpec | None = None
+    topics: TopicsSpec = section(TopicsSpec, description="names of the topics the dedup stage writes")
+    deletion_policy: Literal["Retain", "Delete"] = Field(
+        "Retain", description="Retain keeps the Kafka topics and the Spark checkpoint claim when the pipeline is "
+                              "deleted; Delete deletes the topics and the claim the operator created for it, never "
+                              "one that existed before")
+    paused: bool = Field(False, description="stop processing without deleting anything")
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=32,
+        description="Secrets for pulling the dedup and Spark images, as in a pod spec")
+
+    @model_validator(mode="after")
+    def _cross_field(self):
+        if parse_duration(self.dedup.window) > parse_duration(self.source.retention):
+            raise ValueError(WINDOW_MESSAGE)
+        if self.dedup.autoscale is not None and self.dedup.autoscale.max_replicas > self.source.partitions:
+            raise ValueError(AUTOSCALE_PARTITIONS_MESSAGE)
+        if self.processing is not None and self.sink is None:
+            raise ValueError(PROCESSING_MESSAGE)
+        if problem := file_sink_problem(self.processing, self.sink.files.path if self.sink and self.sink.files else None):
+            raise ValueError(problem)
+        written = [t for t in (self.topics.deduped, self.topics.dead_letter) if t]
+        sink = self.sink.kafka.topic if self.sink is not None and self.sink.kafka is not None else None
+        if len(set(written)) < len(written) or {self.source.topic, sink} & set(written):
+            raise ValueError(TOPICS_MESSAGE)
+        return self
+
+    @field_validator("source")
+    @classmethod
+    def _no_retention_override(cls, v: SourceSpec):
+        if "retention.ms" in v.config:
+            raise ValueError(RETENTION_MESSAGE)
+        return v
+
+
+def immutable_changes(old: PipelineSpec, new: PipelineSpec) -> list[str]:
+    """The API server's messages for an update from `old` to `new` (the transition rules)."""
+    def at(spec, path):
+        for name in path:
+            spec = getattr(spec, name)
+        return spec
+    return [msg for path, msg in IMMUTABLE.items() if at(old, path) != at(new, path)]
+
+
+# CEL rules the API server enforces; each mirrors a check above (or needs oldSelf).
+CEL_RULES = {
+    (): [
+        {"rule": "!has(self.dedup) || !has(self.dedup.window) || !has(self.source.retention) || "
+                 "duration(self.dedup.window) <= duration(self.source.retention)",
+         "message": WINDOW_MESSAGE},
+        {"rule": "!has(self.processing) || has(self.sink)", "message": PROCESSING_MESSAGE},
+        {"rule": "!has(self.topics) || ("
+                 "(!has(self.topics.deduped) || (self.topics.deduped != self.source.topic && "
+                 "!(has(self.sink) && has(self.sink.kafka) && self.topics.deduped == self.sink.kafka.topic))) && "
+                 "(!has(self.topics.deadLetter) || (self.topics.deadLetter != self.source.topic && "
+                 "!(has(self.sink) && has(self.sink.kafka) && self.topics.deadLetter == self.sink.kafka.topic) && "
+                 "!(has(self.topics.deduped) && self.topics.deadLetter == self.topics.deduped))))",
+         "message": TOPICS_MESSAGE},
+        {"rule": "!has(self.dedup) || !has(self.dedup.autoscale) || "
+                 "self.dedup.autoscale.maxReplicas <= self.source.partitions",
+         "message": AUTOSCALE_PARTITIONS_MESSAGE},
+    ],
+    ("source",): [
+        {"rule": "!('retention.ms' in self.config)", "message": RETENTION_MESSAGE},
+    ],
+    ("source", "partitions"): [
+        {"rule": "self >= oldSelf",
+         "message": "source.partitions may not decrease (Kafka cannot remove partitions)"},
+    ],
+    ("dedup", "key"): [
+        {"rule": "!has(self.from) || self.from == 'recordKey' || has(self.name)", "message": KEY_NAME_MESSAGE},
+    ],
+    ("dedup", "podTemplate"): [
+        {"rule": "!has(self.labels) || !(" + " || ".join(f"'{k}' in self.labels" for k in OPERATOR_LABELS) + ")",
+         "message": POD_LABELS_MESSAGE},
+        {"rule": "!has(self.env) || self.env.all(e, !(e.name in [" + ", ".join(f"'{n}'" for n in OPERATOR_ENV)
+                 + f"]) && !e.name.startsWith('{OPERATOR_ENV_PREFIX}'))",
+         "message": POD_ENV_MESSAGE},
+        {"rule": "!has(self.env) || self.env.all(e, !(has(e.value) && has(e.valueFrom)))",
+         "message": POD_ENV_VALUE_MESSAGE},
+    ],
+    ("dedup", "autoscale"): [
+        {"rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+         "message": AUTOSCALE_RANGE_MESSAGE},
+    ],
+    ("sink",): [
+        {"rule": "has(self.kafka) != has(self.files)", "message": SINK_MESSAGE},
+    ],
+}
+CEL_RULES[()] += FILE_SINK_RULES
+CEL_RULES.update(PROCESSING_CEL_RULES)
+for _path, _message in IMMUTABLE.items():  # transition rules: checked only on update
+    CEL_RULES.setdefault(_path, []).append({"rule": "self == oldSelf", "message": _message})

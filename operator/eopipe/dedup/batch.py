@@ -1,0 +1,165 @@
+"""A partition's open transaction, and the hot path that fills it from polled records.
+
+Per record (docs/design.md#one-transaction): extract the key (malformed -> the DLQ), check its
+home partition (not p -> reroute it there: docs/design.md#reroute), then per batch look the
+rest up (the open transaction's keys, then one multi-get per live segment) and emit the unseen
+ones. Nothing is remembered in the store until the transaction commits
+(docs/design.md#state-after-commit): until then its keys are only in `pending`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from logging import WARNING
+
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
+
+from eopipe.core import partitioner as partitioners
+from eopipe.core.keys import MalformedRecord, extract
+from eopipe.dedup.config import WorkerConfig
+from eopipe.dedup.logs import event
+from eopipe.dedup.txn import FENCED_CODES, Abortable, Fenced, TxnCalls
+
+log = logging.getLogger("eopipe.dedup")
+
+H_REASON = "eopipe.dlq.reason"
+H_TOPIC = "eopipe.origin.topic"
+H_PARTITION = "eopipe.origin.partition"
+H_OFFSET = "eopipe.origin.offset"
+H_REROUTED = "eopipe.rerouted.from"
+
+
+class Transaction:
+    """The open transaction of partition p: begun by its first record, ended by the runner."""
+
+    def __init__(self, cfg: WorkerConfig, partition: int, producer, store, calls: TxnCalls,
+                 home_count, no_dedup: bool, committed: int):
+        self.cfg = cfg
+        self.p = partition
+        self.producer = producer
+        self.store = store
+        self.calls = calls
+        self.home_count = home_count      # the partition count of the home check, read per batch
+        self.no_dedup = no_dedup          # the test-only fault: every record counts as new
+        self.home = partitioners.get(cfg.partitioner)
+        self.reset(committed)
+
+    def reset(self, committed: int) -> None:
+        """After a commit or an abort: empty, ending where it starts (`committed`)."""
+        self.open = False
+        self.began = time.monotonic()
+        self.records = 0
+        self.deadline = 0.0
+        self.pending: dict[bytes, int] = {}
+        self.next_offset = committed
+        self.counts = [0, 0, 0, 0, 0]  # consumed, emitted, duplicates, rerouted, dead-lettered
+
+    def _begin(self) -> None:
+        self.calls("begin_transaction", self.producer.begin_transaction)
+        self.open = True
+        self.began = time.monotonic()
+        self.deadline = self.began + self.cfg.commit_interval_ms / 1000
+
+    def process(self, msgs) -> None:
+        cfg = self.cfg
+        p = self.p
+        src = cfg.source_topic
+        spec = cfg.key_spec
+        home = self.home
+        nparts = self.home_count()
+        produce = self.producer.produce
+        pending = self.pending
+        candidates = []
+        rerouted = dead = n = 0
+        last = None
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                if err.fatal():
+                    raise KafkaException(err)
+                event(log, WARNING, "consumer error", partition=p, error=str(err))
+                continue
+            if not self.open:
+                self._begin()
+            last = m
+            n += 1
+            key, value, headers = m.key(), m.value(), m.headers()
+            try:
+                k = extract(spec, key, value, headers)
+            except MalformedRecord as e:
+                hdrs = list(headers or ())
+                hdrs += [(H_REASON, str(e).encode()), (H_TOPIC, src.encode()),
+                         (H_PARTITION, str(p).encode()), (H_OFFSET, str(m.offset()).encode())]
+                self._produce(produce, cfg.dlq_topic, value, key, -1, _ts(m), hdrs)
+                dead += 1
+                continue
+            h = home(k, nparts)
+            if h != p:
+                hdrs = list(headers or ())
+                hdrs.append((H_REROUTED, f"{p}:{m.offset()}".encode()))
+                self._produce(produce, src, value, key, h, _ts(m), hdrs)
+                rerouted += 1
+                continue
+            candidates.append((m, k))
+        if last is None:
+            return
+        # Dedup: the open transaction's keys, then one batched multi-get per live segment.
+        lookup = list({k for _, k in candidates if k not in pending})
+        seen = self.store.contains(lookup) if lookup else ()
+        broken = self.no_dedup
+        out = cfg.output_topic
+        emitted = dups = 0
+        for m, k in candidates:
+            if (k in pending or k in seen) and not broken:
+                dups += 1
+                continue
+            ts_type, ts = m.timestamp()
+            if ts_type == TIMESTAMP_NOT_AVAILABLE:
+                ts = 0
+            pending[k] = ts
+            hdrs = m.headers()
+            if hdrs:  # the reroute mark is internal: it never reaches the output
+                hdrs = [h for h in hdrs if h[0] != H_REROUTED] or None
+            try:  # the hot path: inline; the helper handles a full queue and errors
+                if hdrs:
+                    produce(out, m.value(), m.key(), timestamp=ts, headers=hdrs)
+                else:
+                    produce(out, m.value(), m.key(), timestamp=ts)
+            except (BufferError, KafkaException):
+                self._produce(produce, out, m.value(), m.key(), -1, ts, hdrs)
+            emitted += 1
+        self.producer.poll(0)
+        c = self.counts
+        c[0] += n
+        c[1] += emitted
+        c[2] += dups
+        c[3] += rerouted
+        c[4] += dead
+        self.records += n
+        self.next_offset = last.offset() + 1
+
+    def _produce(self, produce, topic, value, key, partition, ts, headers) -> None:
+        while True:
+            try:
+                if headers:
+                    produce(topic, value, key, partition, timestamp=ts, headers=headers)
+                else:
+                    produce(topic, value, key, partition, timestamp=ts)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+            except KafkaException as e:
+                err = e.args[0]
+                if err.fatal() and err.code() in FENCED_CODES:
+                    raise Fenced(f"produce: {err}") from None
+                if err.fatal():
+                    raise
+                raise Abortable(f"produce: {err}") from None
+
+
+def _ts(m) -> int:
+    ts_type, ts = m.timestamp()
+    return ts if ts_type != TIMESTAMP_NOT_AVAILABLE else 0

@@ -1,0 +1,74 @@
+"""The Kafka clients of one partition: its read_committed consumer and its transactional
+producer (the settings are the protocol's: docs/design.md#one-transaction), and how replaced
+ones are let go."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from eopipe.core import partitioner as partitioners
+from eopipe.dedup.config import WorkerConfig
+
+
+def _base(cfg: WorkerConfig) -> dict:
+    # librdkafka's own logs go through Python logging (JSON lines like ours).
+    return {"bootstrap.servers": cfg.bootstrap, "logger": logging.getLogger("rdkafka"), **cfg.kafka_config}
+
+
+def consumer_config(cfg: WorkerConfig, p: int) -> dict:
+    return {
+        **_base(cfg),
+        "group.id": cfg.group_id,
+        "client.id": f"{cfg.transactional_id(p)}.consumer",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": True,
+        "queued.max.messages.kbytes": 16384,
+        "fetch.wait.max.ms": 100,
+    }
+
+
+def producer_config(cfg: WorkerConfig, p: int) -> dict:
+    txid = cfg.transactional_id(p)
+    return {
+        **_base(cfg),
+        "client.id": f"{txid}.producer",
+        "transactional.id": txid,
+        "transaction.timeout.ms": int(cfg.transaction_timeout_seconds * 1000),
+        # librdkafka wants socket.timeout.ms <= transaction.timeout.ms.
+        "socket.timeout.ms": min(60_000, int(cfg.transaction_timeout_seconds * 1000)),
+        "linger.ms": 5,
+        "batch.num.messages": 10000,
+        "delivery.report.only.error": True,
+        "queue.buffering.max.messages": 500_000,
+        "queue.buffering.max.kbytes": 262_144,
+        "partitioner": partitioners.LIBRDKAFKA_NAMES.get(cfg.partitioner, "murmur2_random"),
+    }
+
+
+_graveyard: list = []  # clients with a call stuck inside: kept referenced, never destroyed
+
+
+def discard(producer, consumer, stuck: bool) -> None:
+    """Closes a replaced producer and consumer off the partition thread (closing may block on
+    an unreachable broker). A producer with a call stuck inside is never destroyed."""
+    if stuck:
+        _graveyard.append(producer)
+        producer = None
+
+    def close() -> None:
+        for c in (consumer, producer):
+            if c is None:
+                continue
+            try:
+                if hasattr(c, "close"):
+                    c.close()
+                else:
+                    c.purge()
+            except Exception:  # noqa: BLE001
+                pass
+
+    threading.Thread(target=close, name="discard-clients", daemon=True).start()

@@ -1,0 +1,151 @@
+"""A partition's transactional producer calls, each under a watchdog, and what their errors mean.
+
+librdkafka's send_offsets_to_transaction() can block past its timeout when the group
+coordinator went away (librdkafka issues #5456/#5511, seen here on a broker restart). So every
+transactional call runs on a helper thread under a watchdog; a call that outlives its timeout
+by WATCHDOG_GRACE_S wedges the partition, which is then restarted with a new producer (whose
+init_transactions fences the stuck one: docs/design.md#fencing). On the commit path (send
+offsets, commit, abort) a timeout or the watchdog raises Stalled instead: the partition replaces
+its producer and consumer itself, at once, within the transaction timeout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from logging import WARNING
+
+from confluent_kafka import KafkaError, KafkaException
+
+from eopipe.dedup.logs import event
+
+log = logging.getLogger("eopipe.dedup")
+
+FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+TXN_TIMEOUT_S = 60.0
+API_TIMEOUT_S = 15.0
+WATCHDOG_GRACE_S = 10.0
+
+
+class Fenced(Exception):
+    """Another producer took p's transactional.id: stop p for good."""
+
+
+class Abortable(Exception):
+    """Abort the open transaction and go back to the committed offset."""
+
+
+class Stopping(Exception):
+    """p was told to stop while it was getting ready."""
+
+
+class Wedged(RuntimeError):
+    """A call did not return: restart p with a new producer."""
+
+
+class Stalled(Exception):
+    """A commit-path call (send_offsets_to_transaction, commit_transaction, abort_transaction)
+    timed out or outlived the watchdog: its outcome is unknown. p replaces its producer and
+    consumer at once, fences the old producer with init_transactions and resumes from the
+    committed offset (docs/design.md#fencing)."""
+
+
+class _CallThread:
+    """Runs calls one at a time on a daemon thread (a stuck call must not block exit)."""
+
+    def __init__(self, name: str):
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fn, fut = self._q.get()
+            if fn is None:
+                return
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    fut.set_exception(e)
+
+    def submit(self, fn) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._q.put((fn, fut))
+        return fut
+
+    def shutdown(self) -> None:
+        self._q.put((None, None))
+
+
+class TxnCalls:
+    """The transactional calls of partition p's producer."""
+
+    def __init__(self, partition: int, halt: threading.Event | None = None):
+        self.p = partition
+        self.halt = halt
+        self.wedged = False   # a call is stuck inside the producer: leave it to the fencing
+        self._thread: _CallThread | None = None
+
+    def __call__(self, what: str, fn, *, deadline: float | None = None, timeout: float = API_TIMEOUT_S,
+                 stall: bool = False):
+        """Runs `fn` (which waits at most `timeout` itself), retrying retriable errors until
+        `deadline` (monotonic; None: no limit) or until p is told to stop.
+
+        Raises Fenced (stop the partition), Abortable (abort and go back), Wedged, Stopping or
+        re-raises. With `stall` (the commit path), a timeout, the watchdog or a retriable error
+        past the deadline raise Stalled instead: replace the clients, fence, resume."""
+        delay = 0.1
+        if self._thread is None:
+            self._thread = _CallThread(f"txn-{self.p}")
+        while True:
+            try:
+                return self._thread.submit(fn).result(timeout + WATCHDOG_GRACE_S)
+            except concurrent.futures.TimeoutError:
+                self.wedged = True
+                msg = f"{what} did not return within {timeout + WATCHDOG_GRACE_S:.0f}s"
+                if stall:
+                    raise Stalled(f"{msg}; replacing the producer") from None
+                raise Wedged(f"{msg}; restarting the partition with a new producer") from None
+            except KafkaException as e:
+                err = e.args[0]
+                if err.fatal():
+                    if err.code() in FENCED_CODES:
+                        raise Fenced(f"{what}: {err}") from None
+                    raise RuntimeError(f"fatal producer error in {what}: {err}") from None
+                if stall and (err.code() == KafkaError._TIMED_OUT or (
+                        err.retriable() and deadline is not None and time.monotonic() >= deadline)):
+                    raise Stalled(f"{what}: {err}") from None
+                if err.txn_requires_abort():
+                    raise Abortable(f"{what}: {err}") from None
+                if self.halt is not None and self.halt.is_set() and deadline is None:
+                    raise Stopping(f"{what}: {err}") from None
+                if err.retriable() and (deadline is None or time.monotonic() < deadline):
+                    event(log, WARNING, "retrying transactional call", partition=self.p, call=what,
+                          error=str(err))
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+                    continue
+                raise Abortable(f"{what}: {err}") from None
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._thread.shutdown()
+            self._thread = None
+
+
+def fencing_was_a_timeout(age_seconds: float, timeout_seconds: float, fixed_ownership: bool,
+                          assignment, me: str, p: int) -> bool:
+    """A fencing error for a transaction older than the transaction timeout is most likely the
+    coordinator's own abort of it (which bumps the epoch; librdkafka reports it as fenced), not a
+    new owner, when p is still ours: with fixed ownership (--partitions) always, else by the
+    assignment as last read (None: unreadable, so unknown: stay fenced) while not paused. A real
+    zombie was moved off p, so it stays fenced."""
+    if age_seconds < timeout_seconds:
+        return False
+    if fixed_ownership:
+        return True
+    return assignment is not None and p in assignment.partitions_of(me) and not assignment.paused
+

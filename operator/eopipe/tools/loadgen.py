@@ -1,0 +1,118 @@
+"""`eopipe load`: keyed payment events with the duplicates that at-least-once producers make.
+
+Each event has a UUID id, used as the record key and as the JSON field "id"; its event time
+is the record timestamp. A share of the sends are resends of earlier events (same key, value
+and timestamp), some of them delayed, and some sent to a wrong partition (a producer with
+stale metadata or another partitioner). Partitions are computed here with the pipeline's
+partitioner rather than left to the client, so placement is exact whatever client it is.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from typing import Callable
+
+from confluent_kafka import KafkaException, Producer
+
+from eopipe.core import partitioner as partitioners
+
+
+def _event(rng: random.Random, seq: int, now_ms: int) -> tuple[bytes, bytes, int]:
+    eid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    value = {
+        "id": eid,
+        "seq": seq,
+        "account": f"acct-{rng.randrange(1000):04d}",
+        "amount_cents": rng.randrange(100, 100_000),
+        "currency": rng.choice(["EUR", "USD", "GBP"]),
+        "ts": now_ms,
+    }
+    return eid.encode(), json.dumps(value, separators=(",", ":")).encode(), now_ms
+
+
+def _partition_count(producer: Producer, topic: str, timeout: float = 90, missing_for: float = 20) -> int:
+    """The topic's partition count. A broker that is restarting answers for a while not at all
+    (asked again until `timeout`), or without the topic's partitions (until `missing_for`: a
+    topic that really does not exist fails sooner)."""
+    start, missing_since = time.monotonic(), None
+    while True:
+        left = timeout - (time.monotonic() - start)
+        try:
+            md = producer.list_topics(topic, timeout=min(10.0, max(1.0, left))).topics.get(topic)
+        except KafkaException:
+            if left <= 0:
+                raise
+            continue  # no broker answered in time
+        if md is not None and md.error is None and md.partitions:
+            return len(md.partitions)
+        missing_since = missing_since or time.monotonic()
+        if time.monotonic() - missing_since >= missing_for:
+            raise RuntimeError(f"topic {topic!r} does not exist"
+                               + (f" ({md.error.str()})" if md is not None and md.error is not None else ""))
+        time.sleep(1)
+
+
+def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
+             wrong_partition_ratio: float = 0.05, poison: int = 0, partitioner: str = "murmur2",
+             rate: float | None = None, seed: int | None = None,
+             progress: Callable[[dict], None] | None = None,
+             producer_config: dict | None = None) -> dict:
+    """Sends `count` records (originals + resends) and `poison` malformed ones; returns stats."""
+    if not 0 <= dup_ratio < 1 or not 0 <= wrong_partition_ratio <= 1:
+        raise ValueError("dup_ratio must be in [0, 1) and wrong_partition_ratio in [0, 1]")
+    rng = random.Random(seed)
+    part = partitioners.get(partitioner)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                         "enable.idempotence": True, **(producer_config or {})})
+    partitions = _partition_count(producer, topic)
+
+    failed: list[str] = []
+
+    def delivered(err, _msg) -> None:
+        if err is not None:
+            failed.append(str(err))
+
+    sent: list[tuple[bytes, bytes, int]] = []
+    stats = {"records": 0, "unique": 0, "duplicates": 0, "wrong_partition": 0, "poison": 0}
+    poison_at = set(rng.sample(range(count + poison), poison)) if poison else set()
+    t0 = last_report = time.monotonic()
+    for i in range(count + poison):
+        if i in poison_at:
+            # No key and a value that is not JSON: nothing can dedup it; it must reach the DLQ.
+            producer.produce(topic, value=b"{not json", partition=rng.randrange(partitions),
+                             on_delivery=delivered)
+            stats["poison"] += 1
+        else:
+            if sent and rng.random() < dup_ratio:
+                # A resend: mostly recent (a retry), sometimes much older (a delayed redelivery).
+                back = rng.randrange(min(len(sent), 50)) if rng.random() < 0.8 else rng.randrange(len(sent))
+                key, value, ts = sent[-1 - back]
+                stats["duplicates"] += 1
+            else:
+                key, value, ts = _event(rng, stats["unique"], int(time.time() * 1000))
+                sent.append((key, value, ts))
+                stats["unique"] += 1
+            p = part(key, partitions)
+            if partitions > 1 and rng.random() < wrong_partition_ratio:
+                p = (p + rng.randrange(1, partitions)) % partitions
+                stats["wrong_partition"] += 1
+            producer.produce(topic, key=key, value=value, timestamp=ts, partition=p, on_delivery=delivered)
+        stats["records"] += 1
+        producer.poll(0)
+        if rate:
+            ahead = stats["records"] / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+        if progress and time.monotonic() - last_report >= 1:
+            last_report = time.monotonic()
+            progress(dict(stats, seconds=last_report - t0, total=count + poison))
+    remaining = producer.flush(120)
+    if remaining or failed:
+        # The counts above would overstate what the topic holds: say so rather than return them.
+        raise RuntimeError(f"{remaining + len(failed)} records not delivered"
+                           + (f", e.g. {failed[0]}" if failed else ""))
+    stats["seconds"] = time.monotonic() - t0
+    return stats

@@ -1,0 +1,114 @@
+"""`make demo` (hack/demo.py) run as a user runs it: its verdict, its teardown, the full pipeline.
+
+The demo starts its own Kafka (and, in full mode, its own control plane, node agent and Spark
+runner) on free ports, next to the suite's; each test gives it its own workdir.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO = REPO / "hack" / "demo.py"
+VERIFY_LINE = re.compile(r"^verify: unique_in=(\d+) out=(\d+) lost=(\d+) duplicated=(\d+) .* (OK|FAILED)  \[(.+)\]$",
+                         re.M)
+
+pytestmark = pytest.mark.kafka
+
+
+def run_demo(tmp_path: Path, *args: str, timeout: float) -> tuple[int, str]:
+    res = subprocess.run([sys.executable, str(DEMO), "--workdir", str(tmp_path / "demo"), *args],
+                         capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return res.returncode, res.stdout + res.stderr
+
+
+def verify_lines(out: str) -> dict[str, tuple[int, int, int, int, str]]:
+    return {m[6]: (int(m[1]), int(m[2]), int(m[3]), int(m[4]), m[5]) for m in VERIFY_LINE.finditer(out)}
+
+
+def leftovers(workdir: Path) -> list[str]:
+    """Processes whose command line names the demo's workdir (brokers, workers, pods)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(workdir) in cmd and int(proc.name) != os.getpid():
+            found.append(f"{proc.name}: {cmd[:200]}")
+    return found
+
+
+def test_verdict_passes_a_working_pipeline_and_fails_a_broken_dedup_step(tmp_path):
+    """The same run (a worker SIGKILLed, the broker restarted) with the dedup step working and
+    with it turned off (EOPIPE_FAULT=no_dedup in the workers): exit 0 vs exit 1."""
+    code, out = run_demo(tmp_path, "--quick", "--records", "6000", timeout=400)
+    assert code == 0, out[-4000:]
+    (unique, n_out, lost, dups, verdict), = verify_lines(out).values()
+    assert (lost, dups, verdict) == (0, 0, "OK") and n_out == unique > 4000, out[-2000:]
+    assert "verdict: EXACTLY-ONCE" in out
+
+    code, out = run_demo(tmp_path, "--quick", "--break-dedup", "--records", "6000", timeout=400)
+    assert code == 1, out[-4000:]
+    (unique, n_out, lost, dups, verdict), = verify_lines(out).values()
+    # 20% of the records are resends: with no dedup most of them reach the output.
+    assert verdict == "FAILED" and dups > 500 and n_out > unique, out[-2000:]
+    assert "duplicated, e.g.:" in out and "verdict: FAILED" in out
+    assert not leftovers(tmp_path / "demo")
+
+
+def test_ctrl_c_tears_everything_down(tmp_path):
+    workdir = tmp_path / "demo"
+    proc = subprocess.Popen([sys.executable, str(DEMO), "--quick", "--records", "200000", "--rate", "2000",
+                             "--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=REPO, start_new_session=True)
+    lines = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "load:" in line:  # broker and workers up, load running
+                break
+        time.sleep(3)
+        assert leftovers(workdir), "nothing was running before Ctrl-C"
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends to the foreground group
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = "".join(lines) + rest
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted: tearing down" in out and "verdict" not in out
+    deadline = time.monotonic() + 30
+    while leftovers(workdir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not leftovers(workdir), leftovers(workdir)
+
+
+@pytest.mark.k8s
+@pytest.mark.spark
+@pytest.mark.slow
+def test_make_demo_end_to_end(tmp_path):
+    """`make demo` itself (smaller load): chart-installed operator, payments example, all five
+    faults, both verifications exact, exit 0, nothing left running."""
+    code, out = run_demo(tmp_path, "--records", "20000", timeout=1500)
+    assert code == 0, out[-6000:]
+    lines = verify_lines(out)
+    assert set(lines) == {"dedup stage (source -> deduped)", "end to end (source -> Spark sink)"}, out[-3000:]
+    for unique, n_out, lost, dups, verdict in lines.values():
+        assert (lost, dups, verdict) == (0, 0, "OK") and n_out == unique > 15_000, out[-3000:]
+    for step in ("helm install eopipe", "Ready again", "broker back", "driver resubmitted",
+                 "replicas 2 -> 3: 2 partitions moved", "keys (", "re-sharded"):
+        assert step in out, (step, out[-3000:])
+    table = [ln.split() for ln in out.splitlines() if ln.startswith("payments ")]
+    assert table and table[-1][:5] == ["payments", "Running", "True", "12", "3"], table
+    assert not leftovers(tmp_path / "demo")

@@ -1,0 +1,190 @@
+"""Rebalancing with state migration through the operator (docs/design.md#rebalancing), under
+load with duplicates: real control plane, node agent, Kafka, the operator as a process. Replicas
+1 -> 3 -> 2 -> 4, partitions 4 -> 8 -> 12, SIGKILL of the old owner mid-handoff and of the new
+owner after ingest, the operator killed mid-rebalance, a decrease refused. Each test ends in
+verify with lost=0 and duplicated=0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from kubernetes import client
+
+from eopipe.core.names import deduped_topic
+from localenv.fixtures_operator import wait_for
+from tests.helpers.rebalance_e2e import Load, Pipe, _events, assert_verified, resend_all_to
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.mark.slow
+@pytest.mark.k8s
+def test_replicas_1_3_2_4_under_load(operator, kube_api, kafka_bootstrap, k8s_namespace):
+    p = Pipe(operator, kube_api, kafka_bootstrap, k8s_namespace, **{"dedup.replicas": 1})
+    p.wait_settled()
+    load = Load(kafka_bootstrap, p.topic, 50_000, rate=500, seed=31)
+    time.sleep(2)  # mid-load
+    last, summaries = -1, []
+    for r in (3, 2, 4):
+        p.set(**{"dedup.replicas": r})
+        obj = p.wait_settled(last)
+        lr = obj["status"]["lastRebalance"]
+        summaries.append(lr)
+        last = lr["id"]
+        assert lr["type"] == "replicas" and (lr["fromReplicas"], lr["toReplicas"]) == ({3: 1, 2: 3, 4: 2}[r], r)
+        owners = obj["status"]["assignment"]
+        assert sorted(q for pod, ps in owners.items() if pod != "generation" for q in ps) == [0, 1, 2, 3], obj["status"]
+        assert set(owners) - {"generation"} == {f"minimal-dedup-{i}" for i in range(min(r, 4))}
+    stats = load.finish()
+    p.wait_drained()
+    assert_verified(p.verify(), stats["unique"])
+    assert [s["partitionsMoved"] for s in summaries] == [2, 1, 2]
+    assert all(s["snapshot"] == s["partitionsMoved"] and s["bytesMoved"] > 0 for s in summaries), summaries
+    reasons = [e.reason for e in _events(kube_api, k8s_namespace)]
+    assert "RebalanceStarted" in reasons and "RebalanceCompleted" in reasons
+    msgs = [e.message for e in _events(kube_api, k8s_namespace) if e.reason == "RebalanceCompleted"]
+    assert any("replicas 3 -> 2: 1 partitions moved (1 by snapshot" in m for m in msgs), msgs
+
+
+@pytest.mark.k8s
+def test_partitions_4_8_12_with_duplicates_spanning_the_change(operator, kube_api, kafka_bootstrap, k8s_namespace):
+    p = Pipe(operator, kube_api, kafka_bootstrap, k8s_namespace, **{"dedup.replicas": 2})
+    p.wait_settled()
+    # The load's producer computed its partitions at the start (4): after the increase its
+    # records land in old partitions and are rerouted to their new homes.
+    load = Load(kafka_bootstrap, p.topic, 40_000, rate=600, seed=32)
+    time.sleep(3)
+    last = -1
+    for n in (8, 12):
+        p.set(**{"source.partitions": n})
+        rb = p.wait_phase({"Pausing", "CreatingPartitions", "Resharding", "Finalizing"}, timeout=60)
+        assert rb["type"] == "partitions"
+        obj = p.wait_settled(last)
+        lr = obj["status"]["lastRebalance"]
+        last = lr["id"]
+        assert (lr["fromPartitions"], lr["toPartitions"]) == (n - 4, n) and lr["keysMoved"] > 0, lr
+        assert lr["rebuilt"] == [] and lr["pauseMs"] > 0, lr
+        assert obj["status"]["partitions"] == n
+        # Duplicates spanning the change: every key seen so far, again, to its NEW home.
+        assert resend_all_to(kafka_bootstrap, p.topic, n) > 0
+    stats = load.finish()
+    p.wait_drained()
+    assert_verified(p.verify(), stats["unique"])
+    md = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+    assert len(md[p.topic].partitions) == 12 and len(md[deduped_topic(p.ns, p.name)].partitions) == 12
+    msgs = [e.message for e in _events(kube_api, k8s_namespace) if e.reason == "RebalanceCompleted"]
+    assert any("partitions 4 -> 8" in m and "keys" in m for m in msgs), msgs
+
+
+@pytest.mark.k8s
+def test_old_owner_killed_mid_handoff_and_new_owner_killed_after_ingest(
+        operator, kube_api, kafka_bootstrap, k8s_namespace, running_node_agent):
+    ns = k8s_namespace
+    p = Pipe(operator, kube_api, kafka_bootstrap, ns, **{"dedup.replicas": 1})
+    p.wait_settled()
+    load = Load(kafka_bootstrap, p.topic, 40_000, rate=500, seed=33)
+    time.sleep(2)
+    p.set(**{"dedup.replicas": 2})
+    p.wait_phase({"HandingOff"})
+    running_node_agent.kill_pod_process(ns, "minimal-dedup-0")  # the old owner, mid-handoff
+    obj = p.wait_settled(-1)
+    first = obj["status"]["lastRebalance"]
+    assert first["partitionsMoved"] == 2
+    # The new owner, right after it installed the snapshot (or its rebuild decision).
+    p.set(**{"dedup.replicas": 3})
+    p.wait_phase({"HandingOff"})
+
+    def ingested():
+        st = p.pod_status("minimal-dedup-2") or {}
+        return any((v.get("migration") or {}).get("method") for v in (st.get("partitions") or {}).values())
+    wait_for(ingested, 120, interval=0.2, what="minimal-dedup-2 ingested its partition")
+    running_node_agent.kill_pod_process(ns, "minimal-dedup-2")
+    obj = p.wait_settled(first["id"])
+    assert obj["status"]["lastRebalance"]["partitionsMoved"] == 1
+    stats = load.finish()
+    p.wait_drained()
+    assert_verified(p.verify(), stats["unique"])
+
+
+@pytest.mark.k8s
+def test_operator_killed_in_the_middle_of_rebalances(operator, kube_api, kafka_bootstrap, k8s_namespace):
+    p = Pipe(operator, kube_api, kafka_bootstrap, k8s_namespace, **{"dedup.replicas": 1})
+    p.wait_settled()
+    load = Load(kafka_bootstrap, p.topic, 40_000, rate=500, seed=34)
+    time.sleep(2)
+    p.set(**{"dedup.replicas": 3})
+    rb = p.wait_phase({"HandingOff"})
+    operator.stop(kill=True)
+    time.sleep(3)
+    operator.start()
+    obj = p.wait_settled(-1)
+    lr = obj["status"]["lastRebalance"]
+    # Continued, not started over: the same rebalance (id, start time) finished.
+    assert (lr["id"], lr["startedAt"], lr["partitionsMoved"]) == (rb["id"], rb["startedAt"], 2), lr
+    p.set(**{"source.partitions": 8})
+    rb = p.wait_phase({"Pausing", "CreatingPartitions", "Resharding"}, timeout=60)
+    operator.stop(kill=True)
+    time.sleep(3)
+    operator.start()
+    obj = p.wait_settled(lr["id"])
+    # The same partition rebalance completed (continued, not started over) and no partition fell
+    # back to a rebuild; nothing followed it (no empty "replicas 3 -> 3" clean-up rebalance).
+    lr2 = obj["status"]["lastRebalance"]
+    assert (lr2["id"], lr2["startedAt"], lr2["type"]) == (rb["id"], rb["startedAt"], "partitions"), lr2
+    assert lr2["rebuilt"] == [], lr2
+    stats = load.finish()
+    resend_all_to(kafka_bootstrap, p.topic, 8)
+    p.wait_drained()
+    assert_verified(p.verify(), stats["unique"])
+    # Still so, many resync passes later.
+    assert p.get()["status"]["lastRebalance"] == lr2
+    started = [e.message or "" for e in client.CoreV1Api(kube_api).list_namespaced_event(
+        k8s_namespace, field_selector=f"involvedObject.name={p.name}").items if e.reason == "RebalanceStarted"]
+    assert all(m.startswith((f"rebalance {lr['id']} ", f"rebalance {rb['id']} ")) for m in started), started
+
+
+@pytest.mark.k8s
+def test_partition_decrease_refused_while_the_pipeline_keeps_running(
+        operator, kube_api, kafka_bootstrap, k8s_namespace):
+    p = Pipe(operator, kube_api, kafka_bootstrap, k8s_namespace, **{"dedup.replicas": 2})
+    p.wait_settled()
+    load = Load(kafka_bootstrap, p.topic, 15_000, rate=1000, seed=35)
+    time.sleep(2)
+    res = p.set(check=False, **{"source.partitions": 2})
+    assert res.returncode != 0 and "may not decrease" in res.stderr, res.stderr
+    stats = load.finish()
+    p.wait_drained()
+    assert_verified(p.verify(), stats["unique"])
+    obj = p.get()
+    assert obj["status"]["phase"] == "Running" and obj["spec"]["source"]["partitions"] == 4
+
+
+@pytest.mark.k8s
+def test_kubectl_scale_moves_partitions_live(operator, kube_api, kafka_bootstrap, k8s_namespace):
+    """The scale subresource: `kubectl scale` (what an HPA or KEDA does) changes the dedup
+    replicas, the operator hands partitions over by snapshot under load, and nothing is lost or
+    duplicated; the scale subresource reports the replicas and the pods' selector."""
+    from localenv.fixtures_operator import kubectl
+
+    p = Pipe(operator, kube_api, kafka_bootstrap, k8s_namespace, **{"dedup.replicas": 1})
+    first = p.wait_settled()
+    load = Load(kafka_bootstrap, p.topic, 20_000, rate=500, seed=37)
+    time.sleep(2)  # mid-load
+    kubectl(p.cp, "scale", "-n", p.ns, "eop/minimal", "--replicas=2")
+    obj = p.wait_settled((first["status"].get("lastRebalance") or {}).get("id", -1))
+    lr = obj["status"]["lastRebalance"]
+    assert obj["spec"]["dedup"]["replicas"] == 2
+    assert (lr["type"], lr["fromReplicas"], lr["toReplicas"]) == ("replicas", 1, 2), lr
+    assert lr["partitionsMoved"] == 2 and lr["snapshot"] == 2, lr
+    scale = json.loads(kubectl(p.cp, "get", "-n", p.ns, "eop/minimal", "--subresource=scale", "-o", "json").stdout)
+    assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 2 and scale["status"]["replicas"] == 2
+    pods = client.CoreV1Api(kube_api).list_namespaced_pod(p.ns, label_selector=scale["status"]["selector"]).items
+    assert sorted(x.metadata.name for x in pods) == ["minimal-dedup-0", "minimal-dedup-1"]
+    stats = load.finish()
+    p.wait_drained()
+    assert_verified(p.verify(), stats["unique"])
+

@@ -1,0 +1,31 @@
+"""Example manifests with changes, for the tests of admission, `eopipe validate` and `eopipe render`."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example(name: str = "minimal.yaml") -> dict:
+    """The first document of examples/<name>."""
+    return yaml.safe_load((EXAMPLES / name).read_text())
+
+
+def changed(doc: dict, **paths) -> dict:
+    """A copy of `doc` with each dotted path (`spec.dedup.window`) set to its value, or removed
+    if the value is None."""
+    doc = copy.deepcopy(doc)
+    for path, value in paths.items():
+        *parents, last = path.split(".")
+        node = doc
+        for p in parents:
+            node = node.setdefault(p, {})
+        if value is None:
+            del node[last]
+        else:
+            node[last] = copy.deepcopy(value)
+    return doc

@@ -1,0 +1,290 @@
+"""Dedup workers as processes against a real broker: the topics of one test pipeline, the
+workers that serve it, load in the background, and the exactly-once checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from eopipe.core import partitioner
+from eopipe.core.keys import KeySpec
+from eopipe.core.names import consumer_group
+from eopipe.tools.loadgen import run_load
+from eopipe.tools.verify import TopicReader, transient, verify
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Pipeline:
+    """Topics of one test pipeline and the worker processes that serve it."""
+
+    def __init__(self, bootstrap: str, tmp: Path, partitions: int = 3, name: str | None = None,
+                 replication: int = 1, worker_bootstrap: str | None = None):
+        self.bootstrap = bootstrap  # the test's own clients: load, drain checks, verify
+        self.worker_bootstrap = worker_bootstrap or bootstrap  # the workers' (e.g. through toxiproxy)
+        self.tmp = tmp
+        self.name = name or f"t{uuid.uuid4().hex[:8]}"
+        self.source, self.output, self.dlq = f"{self.name}-src", f"{self.name}-out", f"{self.name}-dlq"
+        self.partitions = partitions
+        self.namespace = "test"
+        # The pipeline's state-endpoint token, given to every worker as a pod gets it from the
+        # operator's Secret (env EOPIPE_TOKEN through a secretKeyRef).
+        self.token = secrets.token_urlsafe(32)
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        rf = replication
+        futs = admin.create_topics([NewTopic(self.source, partitions, rf), NewTopic(self.output, 3, rf),
+                                    NewTopic(self.dlq, 1, rf)])
+        for f in futs.values():
+            f.result(30)
+        self.workers: list[WorkerProc] = []
+
+    @property
+    def group(self) -> str:
+        return consumer_group(self.namespace, self.name)
+
+    def worker(self, partitions, state: str = "a", env: dict | None = None, extra: list[str] = ()) -> "WorkerProc":
+        w = WorkerProc(self, partitions, self.tmp / f"state-{state}", env or {}, list(extra),
+                       log=self.tmp / f"worker-{state}-{len(self.workers)}.log")
+        self.workers.append(w)
+        return w
+
+    def load(self, count: int, **kw) -> dict:
+        return run_load(self.bootstrap, self.source, count, **kw)
+
+    def committed_total(self) -> int:
+        """The group's committed source offsets, summed (read directly, not through the worker)."""
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group, "enable.auto.commit": False,
+                      "isolation.level": "read_committed"})
+        try:
+            got = c.committed([TopicPartition(self.source, p) for p in range(self.partitions)], timeout=30)
+            return sum(max(0, tp.offset) for tp in got)
+        finally:
+            c.close()
+
+    def committed_and_drained(self) -> bool:
+        """True when, for every source partition, nothing committed lies past the group's
+        committed offset (read independently of the worker, with read_committed)."""
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group,
+                      "enable.auto.commit": False, "isolation.level": "read_committed",
+                      "enable.partition.eof": True})
+        try:
+            tps = [TopicPartition(self.source, p) for p in range(self.partitions)]
+            try:
+                committed = c.committed(tps, timeout=30)
+            except KafkaException as e:
+                if transient(e):
+                    return False  # the group coordinator is moving or loading (a broker restarted)
+                raise
+            if any(tp.offset < 0 for tp in committed):
+                return all(c.get_watermark_offsets(tp, timeout=30)[1] == 0 for tp in tps)
+            c.assign(committed)
+            pending = {tp.partition for tp in committed}
+            deadline = time.monotonic() + 10
+            while pending and time.monotonic() < deadline:
+                for m in c.consume(100, 0.5):
+                    if m.error() is None:
+                        return False  # a committed record beyond the committed offset
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        pending.discard(m.partition())
+            return not pending
+        finally:
+            c.close()
+
+    def wait_drained(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for w in self.workers:
+                w.assert_not_crashed()
+            if self.committed_and_drained():
+                return
+            time.sleep(0.5)
+        for w in self.workers:
+            if w.running:
+                w.proc.send_signal(signal.SIGUSR1)  # thread stacks into the log
+        time.sleep(1)
+        raise AssertionError(f"workers did not drain the source in {timeout}s; logs: "
+                             + "; ".join(w.tail() for w in self.workers if w.proc))
+
+    def verify(self, **kw):
+        rep = verify(self.bootstrap, self.source, self.output, key_spec=KeySpec(), dlq_topic=self.dlq,
+                     settle=5, timeout=300, **kw)
+        print(rep.line())
+        return rep
+
+    def stop_all(self) -> None:
+        for w in self.workers:
+            if w.running:
+                w.kill()
+
+
+class WorkerProc:
+    def __init__(self, pipe: Pipeline, partitions, state_dir: Path, env: dict, extra: list[str], log: Path):
+        self.pipe, self.partitions, self.state_dir, self.env, self.extra = pipe, partitions, state_dir, env, extra
+        self.log = log
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.starts = 0
+
+    def cmd(self) -> list[str]:
+        p = self.pipe
+        own = (["--partitions", ",".join(map(str, self.partitions))]
+               if not isinstance(self.partitions, Path) else ["--assignment-file", str(self.partitions)])
+        return [PYTHON, "-m", "eopipe.dedup", "--bootstrap", p.worker_bootstrap, "--source-topic", p.source,
+                "--output-topic", p.output, "--dlq-topic", p.dlq, "--pipeline", p.name,
+                "--namespace", p.namespace, *own, "--state-dir", str(self.state_dir),
+                "--http-port", str(self.port), "--memory-mb", "32", "--window", "1h", *self.extra]
+
+    def start(self, env: dict | None = None) -> "WorkerProc":
+        self.port = free_port()
+        self.starts += 1
+        with open(self.log, "a") as f:
+            f.write(f"--- start {self.starts}\n")
+        self._out = open(self.log, "ab")
+        # An env value None removes the variable (a worker without a token).
+        merged = {**os.environ, "EOPIPE_TOKEN": self.pipe.token, **self.env, **(env or {})}
+        self.proc = subprocess.Popen(self.cmd(), stdout=self._out, stderr=subprocess.STDOUT,
+                                     env={k: v for k, v in merged.items() if v is not None}, cwd=REPO)
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def get(self, path: str, headers: dict | None = None) -> tuple[int, bytes]:
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers=headers or {})
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def status(self) -> dict:
+        return json.loads(self.get("/status")[1])
+
+    def wait_ready(self, timeout: float = 120) -> "WorkerProc":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.assert_not_crashed()
+            try:
+                if self.get("/readyz")[0] == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"worker not ready in {timeout}s: {self.tail()}")
+
+    def assert_not_crashed(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None and self.proc.returncode not in (0, -9, 137):
+            raise AssertionError(f"worker exited {self.proc.returncode}: {self.tail()}")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def terminate(self, timeout: float = 60) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def wait_exit(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for line in self.get("/metrics")[1].decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def logs(self) -> list[dict]:
+        docs = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    docs.append(json.loads(line))
+                except ValueError:
+                    pass
+        return docs
+
+    def tail(self, n: int = 40) -> str:
+        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if not ln.startswith("%")]
+        return f"{self.log}:\n" + "\n".join(lines[-n:])
+
+
+def metric_sum(metrics: dict[str, float], name: str) -> float:
+    return sum(v for k, v in metrics.items() if re.match(rf"{name}(\{{|$)", k))
+
+
+def background_load(pipe: Pipeline, count: int, **kw) -> tuple[threading.Thread, dict]:
+    result: dict = {}
+
+    def run():
+        try:
+            result.update(pipe.load(count, **kw))
+        except BaseException as e:  # noqa: BLE001
+            result["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, result
+
+
+def finish_load(t: threading.Thread, result: dict, timeout: float = 300) -> dict:
+    t.join(timeout)
+    assert not t.is_alive(), "load did not finish"
+    if "error" in result:
+        raise result["error"]
+    return result
+
+
+def assert_clean(rep, poison: int = 0) -> None:
+    assert rep.lost == 0, rep.line() + f" {rep.examples}"
+    assert rep.duplicated == 0, rep.line() + f" {rep.examples}"
+    assert rep.unexpected == 0, rep.line()
+    assert rep.malformed_in == poison
+    assert rep.dead_lettered == poison, rep.line()
+    assert rep.ok
+
+
+def resend_all(pipe: Pipeline) -> int:
+    """Re-sends every keyed source record once more, to its home partition: a worst-case
+    redelivery. Any key the state forgot then shows up as a duplicate in verify."""
+    prod = Producer({"bootstrap.servers": pipe.bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    n = 0
+    seen = set()
+    for m in TopicReader(pipe.bootstrap).read(pipe.source, timeout=120):
+        if not m.key() or m.key() in seen:
+            continue
+        seen.add(m.key())
+        prod.produce(pipe.source, m.value(), m.key(), partitioner.murmur2_partition(m.key(), pipe.partitions),
+                     timestamp=m.timestamp()[1])
+        prod.poll(0)
+        n += 1
+    assert prod.flush(60) == 0
+    return n
+
+
+def recoveries(w: WorkerProc) -> list[dict]:
+    return [d for d in w.logs() if d.get("msg") == "partition running"]

@@ -1,0 +1,126 @@
+"""Admission on the real API server: names too long for the derived objects and changes that
+cannot be carried out in place are refused with a message that says why, and `eopipe validate`
+says what the API server says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eopipe.core.manifest import ROOT_RULES
+from eopipe.core.names import MAX_PIPELINE_NAME
+from eopipe.core.spec import IMMUTABLE
+from tests.helpers.manifests import changed, example
+from tests.helpers.pipelines import REPO, kubectl_apply
+
+pytestmark = pytest.mark.k8s
+
+EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
+
+
+def _doc(name: str = "minimal.yaml", **over) -> dict:
+    return changed(example(name), **over)
+
+
+def validate(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eopipe.tools.cli", "validate", str(path)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_name_too_long_for_the_derived_names_is_refused(crds, k8s_namespace):
+    ok = _doc(**{"metadata.name": "p" * MAX_PIPELINE_NAME})
+    res = kubectl_apply(crds, k8s_namespace, ok, check=False)
+    assert res.returncode == 0, res.stderr
+    long = _doc(**{"metadata.name": "p" * (MAX_PIPELINE_NAME + 1)})
+    res = kubectl_apply(crds, k8s_namespace, long, check=False)
+    assert res.returncode != 0 and f"metadata: Invalid value: {ROOT_RULES[0]['message']}" in res.stderr, res.stderr
+    res = kubectl_apply(crds, k8s_namespace, _doc(**{"metadata.name": "9lives"}), check=False)
+    assert res.returncode != 0 and ROOT_RULES[1]["message"] in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("path, value", [
+    ("spec.source.topic", "events-v2"),
+    ("spec.source.partitioner", "crc32"),
+    ("spec.dedup.key", {"from": "jsonField", "name": "id"}),  # from the defaulted recordKey
+])
+def test_changes_that_cannot_be_made_in_place_are_refused(crds, k8s_namespace, path, value):
+    doc = _doc()
+    kubectl_apply(crds, k8s_namespace, doc)
+    res = kubectl_apply(crds, k8s_namespace, _doc(**{path: value}), check=False)
+    message = IMMUTABLE[tuple(path.split(".")[1:])]
+    assert res.returncode != 0 and f"{path}: Invalid value: " in res.stderr and message in res.stderr, res.stderr
+    # Other changes still go through.
+    kubectl_apply(crds, k8s_namespace, _doc(**{"spec.source.partitions": 6}))
+
+
+def test_a_pod_template_is_stored_as_written(crds, k8s_namespace, kube_api):
+    """Tolerations, affinity and env sources are Kubernetes objects the CRD keeps whole
+    (x-kubernetes-preserve-unknown-fields): nothing pruned on the way to the operator."""
+    from tests.helpers.pipelines import get_pipeline
+    from tests.helpers.podsecurity import POD_TEMPLATE
+
+    doc = _doc(**{"spec.dedup": {"podTemplate": POD_TEMPLATE}, "spec.imagePullSecrets": [{"name": "registry"}]})
+    kubectl_apply(crds, k8s_namespace, doc)
+    stored = get_pipeline(kube_api, k8s_namespace, "minimal")["spec"]
+    assert stored["dedup"]["podTemplate"] == POD_TEMPLATE and stored["imagePullSecrets"] == [{"name": "registry"}]
+
+
+# One break per example, and a few more of the minimal one: each refused by the API server with
+# the text `eopipe validate` prints.
+BREAKS = [
+    ("payments.yaml", "spec.dedup.window", "200h"),            # window > retention (CEL)
+    ("minimal.yaml", "spec.source.topic", "bad topic!"),        # pattern
+    # The Spark checkpoint on durable storage, a files sink on storage the executors share (CEL).
+    ("file-sink.yaml", "spec.processing.checkpoint", None),
+    ("payments.yaml", "spec.processing.checkpointLocation", "/var/lib/eopipe/checkpoints/payments"),
+    ("payments.yaml", "spec.processing.checkpoint", {"uri": "s3a://b/ck", "pvc": {}}),
+    ("file-sink.yaml", "spec.processing.checkpoint", {"pvc": {}}),
+    ("file-sink.yaml", "spec.processing.outputMode", "update"),
+    ("payments.yaml", "spec.processing.watermark", {"column": "timestamp", "delay": "10 seconds"}),
+    ("payments.yaml", "spec.processing.env", [{"name": "EOPIPE_KAFKA_ACKS", "value": "0"}]),
+    ("minimal.yaml", "metadata.name", "p" * (MAX_PIPELINE_NAME + 1)),  # root rule
+    ("minimal.yaml", "spec.dedup", {"replicas": "two"}),        # type
+    ("minimal.yaml", "spec.source.partitioner", "fnv"),         # enum
+    ("minimal.yaml", "spec.source.topic", "t" * 250),           # pattern and length
+    ("minimal.yaml", "spec.source.surprise", 1),                # unknown field
+    ("payments.yaml", "spec.dedup.key", {"from": "header"}),    # CEL on a nested object
+    ("file-sink.yaml", "spec.sink", {"kafka": {"topic": "x"}, "files": {"path": "/o"}}),
+    # The pod template may not change the operator's selector labels or the worker's env (CEL).
+    ("minimal.yaml", "spec.dedup", {"podTemplate": {"labels": {"eopipe.dev/pipeline": "other"}}}),
+    ("minimal.yaml", "spec.dedup", {"podTemplate": {"env": [{"name": "EOPIPE_KAFKA_ACKS", "value": "0"}]}}),
+    ("minimal.yaml", "spec.dedup", {"podTemplate": {"env": [{"name": "bad name", "value": "0"}]}}),  # pattern
+    # Autoscale bounds: min <= max (CEL), max <= source.partitions (CEL at the root), min >= 1.
+    ("minimal.yaml", "spec.dedup", {"autoscale": {"minReplicas": 3, "maxReplicas": 2}}),
+    ("minimal.yaml", "spec.dedup", {"autoscale": {"maxReplicas": 5}}),
+    ("minimal.yaml", "spec.dedup", {"autoscale": {"minReplicas": 0, "maxReplicas": 2}}),
+]
+
+
+def test_validate_passes_the_examples_the_api_server_accepts(crds, k8s_namespace):
+    res = subprocess.run([sys.executable, "-m", "eopipe.tools.cli", "validate",
+                          *(str(REPO / "examples" / e) for e in EXAMPLES)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for name in EXAMPLES:
+        for doc in yaml.safe_load_all((REPO / "examples" / name).read_text()):
+            if doc and doc.get("kind") == "ExactlyOncePipeline":
+                kubectl_apply(crds, k8s_namespace, doc)
+
+
+@pytest.mark.parametrize("name, path, value", BREAKS, ids=[f"{e}-{p}" for e, p, _ in BREAKS])
+def test_validate_says_what_the_api_server_says(crds, k8s_namespace, tmp_path, name, path, value):
+    doc = _doc(name, **{path: value})
+    f = tmp_path / name
+    f.write_text(yaml.safe_dump(doc))
+    res = validate(f)
+    assert res.returncode == 1, res.stdout + res.stderr
+    prefix = f"{f}: ExactlyOncePipeline/{doc['metadata']['name']}: "
+    messages = [line.removeprefix(prefix) for line in res.stdout.splitlines()]
+    assert messages and all(line.startswith(prefix) for line in res.stdout.splitlines()), res.stdout
+    refused = kubectl_apply(crds, k8s_namespace, doc, check=False)
+    assert refused.returncode != 0
+    for message in messages:
+        assert message in refused.stderr, f"validate: {message!r}\nAPI server: {refused.stderr}"

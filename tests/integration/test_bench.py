@@ -1,0 +1,131 @@
+"""`make bench` end to end in its quick mode, on the real broker and real Spark: every metric of
+the combined table has a finite, positive value in the JSON, and the plot is a PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(400)]
+
+REPO = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+# The combined table of `python -m bench --quick` (memory sizes 20k and 100k keys).
+EXPECTED = {
+    "copy_records_per_s": "records/s",
+    "dedup_records_per_s": "records/s",
+    "dedup_vs_copy_ratio": "ratio",
+    "latency_p50_ms_100": "ms",
+    "latency_p99_ms_100": "ms",
+    "latency_p50_ms_1000": "ms",
+    "latency_p99_ms_1000": "ms",
+    "recovery_first_commit_s": "s",
+    "recovery_caught_up_s": "s",
+    "handoff_pause_snapshot_s": "s",
+    "handoff_pause_rebuild_s": "s",
+    "migration_mb_per_s": "MB/s",
+    "memory_peak_rss_mb_20k": "MB",
+    "memory_peak_rss_mb_100k": "MB",
+}
+
+
+def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--bootstrap", kafka_bootstrap,
+                           "--json", str(out_json), "--png", str(out_png)],
+                          cwd=REPO, capture_output=True, text=True, timeout=360, check=False)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+
+    doc = json.loads(out_json.read_text())
+    assert doc["mode"] == "quick" and doc["errors"] == {}
+    rows = {r["id"]: r for r in doc["summary"]}
+    assert set(rows) == set(EXPECTED), f"metrics differ: {sorted(set(rows) ^ set(EXPECTED))}"
+    for mid, unit in EXPECTED.items():
+        v = rows[mid]["value"]
+        assert isinstance(v, float) and math.isfinite(v) and v > 0, f"{mid} = {v!r}"
+        assert rows[mid]["unit"] == unit
+    # Sanity bounds, loose enough for a busy 2-core machine.
+    assert 100 < rows["dedup_records_per_s"]["value"] < 10_000_000
+    assert rows["latency_p50_ms_100"]["value"] <= rows["latency_p99_ms_100"]["value"] < 120_000
+    assert rows["recovery_first_commit_s"]["value"] <= rows["recovery_caught_up_s"]["value"] < 300
+    assert 10 < rows["memory_peak_rss_mb_20k"]["value"] < 4096
+    # The details back the table: the memory runs really held their keys, the store was used.
+    mem = doc["details"]["memory"]
+    assert [m["keys"] for m in mem] == [20_000, 100_000]
+    assert all(m["duplicates"] >= m["old_key_dups"] > 0 for m in mem)
+
+    # Every metric appears in the printed table too.
+    for r in rows.values():
+        assert r["metric"] in proc.stdout
+
+    data = out_png.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 20_000
+
+
+PEERS = {"copy", "dedup", "java_copy", "java_tx_copy", "kstreams_dedup", "spark_dedup"}
+
+
+@pytest.mark.timeout(600)
+def test_peers_each_produce_their_expected_records(kafka_bootstrap, tmp_path):
+    """Every contestant of the peer table at a tiny count, its output read back by eopipe verify:
+    the dedup ones (eopipe, Kafka Streams, Spark) hold each source id once, the copiers every
+    record; Spark restarted after a driver SIGKILL loses nothing (its duplicates are the point)."""
+    out_json = tmp_path / "peers.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.dedup_vs_copy", "--peers", "--records", "2000",
+                           "--rounds", "1", "--bootstrap", kafka_bootstrap, "--json", str(out_json)],
+                          cwd=REPO, capture_output=True, text=True, timeout=540, check=False)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    result = json.loads(out_json.read_text())
+    rows = {r["id"]: r for r in result["rows"]}
+    assert set(rows) == PEERS
+    unique, total = result["unique"], result["records"]
+    assert total == 2000 and 1000 < unique < total  # the source holds resends
+    for cid, r in rows.items():
+        assert r["lost"] == 0, cid
+        if r["dedups"]:
+            assert (r["out"], r["duplicated"]) == (unique, 0), cid
+        else:
+            assert r["out"] == total, cid
+        assert r["records_per_s"] > 0 and r["cpu_us_per_record"] > 0 and r["max_rss_mb"] > 10, cid
+        assert r["name"] in proc.stdout
+    # The peers print their configuration; it is kept with the result.
+    assert "processing.guarantee=exactly_once_v2" in rows["kstreams_dedup"]["config"]
+    assert "producer.transactional.id=" in " ".join(rows["java_tx_copy"]["config"])
+    assert any(c.startswith("dedup=dropDuplicatesWithinWatermark") for c in rows["spark_dedup"]["config"])
+    kill = result["spark_kill"]
+    assert kill["lost"] == 0 and kill["unique"] == unique
+    assert 0 < kill["written_at_kill"] < unique  # killed part way
+    assert kill["out"] - unique >= kill["duplicated"] >= 0
+
+
+def test_kafka_streams_peer_exits_after_expected_records(kafka_bootstrap, tmp_path):
+    """The Kafka Streams peer alone with --expect: it exits by itself, having committed exactly the
+    unique ids (what the harness relies on when it times and verifies it)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from bench.contestants import java_classpath
+    from eopipe.core.keys import KeySpec
+    from eopipe.tools.loadgen import run_load
+    from eopipe.tools.verify import verify
+
+    src, out = f"peer-src-{tmp_path.name}", f"peer-out-{tmp_path.name}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for f in admin.create_topics([NewTopic(src, 2, 1), NewTopic(out, 2, 1)]).values():
+        f.result(30)
+    stats = run_load(kafka_bootstrap, src, 500, dup_ratio=0.3, wrong_partition_ratio=0.0, seed=5)
+    proc = subprocess.run(["java", "-cp", java_classpath(), "dev.eopipe.bench.Peer", "streams-dedup",
+                           "--bootstrap", kafka_bootstrap, "--source", src, "--output", out,
+                           "--group", f"peer-{tmp_path.name}", "--expect", "500",
+                           "--state-dir", str(tmp_path / "streams")],
+                          capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "config processing.guarantee=exactly_once_v2" in proc.stdout
+    assert "done consumed=500" in proc.stdout
+    rep = verify(kafka_bootstrap, src, out, key_spec=KeySpec.parse("json:id"), settle=1, timeout=60)
+    assert rep.ok and rep.out == stats["unique"] < 500, rep.line()

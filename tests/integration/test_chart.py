@@ -1,0 +1,688 @@
+"""The Helm chart: lint, render, schema checks, and the chart installed on the real control plane.
+
+- `helm lint --strict` and `helm template` for the default and non-default values.
+- Every rendered manifest (and the examples) validated by `kubeconform -strict` against JSON
+  schemas made from the test API server's own OpenAPI v3 (`/openapi/v3`): the usual schema
+  website is not reachable here, and the API server is the authority for its version anyway
+  (CRD kinds included). See `openapi_to_json_schemas`.
+- values.schema.json rejects bad values.
+- The chart installed with `helm install` on the local control plane. Its operator Deployment
+  runs as a pod through the node agent, authenticated as the chart's ServiceAccount (not the
+  admin kubeconfig: values `serviceAccountKubeconfig`), and reconciles examples/minimal.yaml
+  to Ready in a watched namespace. That proves the namespaced RBAC is sufficient.
+
+helm and kubeconform are built from the Go module proxy by hack/build-tools.sh (cached; the `tools`
+fixture in conftest.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import subprocess
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from localenv.fixtures_operator import kubectl, wait_for
+from tests.helpers.helm import CHART, OPERATOR_GRANTS, ROOT, run_helm
+from tests.helpers.podsecurity import dry_run_create, pod_from_template, restrict_namespace, restricted_problems
+
+CRD_FILE = "exactlyoncepipelines.eopipe.dev.yaml"
+
+# Kinds with no schema on the test API server (no Prometheus Operator, no Argo CD there).
+NO_SCHEMA_KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule", "Application")
+
+VALUE_SETS = {
+    "default": [],
+    "namespaced": ["--set", "watchNamespaces={team-a,team-b}", "--set", "logLevel=debug",
+                   "--set", "image.tag=1.2.3", "--set", "image.pullPolicy=Always"],
+    "monitoring": ["--set", "serviceMonitor.enabled=true", "--set", "serviceMonitor.labels.release=prom",
+                   "--set", "podMonitor.enabled=true", "--set", "prometheusRule.enabled=true",
+                   "--set", "logFormat=json", "--set", "serviceAccountKubeconfig.enabled=true",
+                   "--set", "nodeSelector.kubernetes\\.io/os=linux",
+                   "--set", "tolerations[0].key=dedicated", "--set", "tolerations[0].operator=Exists",
+                   "--set", "podAnnotations.team=data"],
+}
+
+
+# ---------------------------------------------------------------------------------------
+# helpers (the fixtures `tools` and `helm_env` are in conftest.py)
+# ---------------------------------------------------------------------------------------
+
+def render(tools, helm_env, *values: str, namespace: str = "eopipe-system", crds: bool = False) -> list[dict]:
+    args = ["template", "eopipe", str(CHART), "--namespace", namespace, *values]
+    if crds:
+        args.append("--include-crds")
+    out = run_helm(tools, helm_env, *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+# ---------------------------------------------------------------------------------------
+# static checks: lint, render, values schema
+# ---------------------------------------------------------------------------------------
+
+def test_chart_crd_is_the_repo_crd():
+    assert (CHART / "crds" / CRD_FILE).read_bytes() == (ROOT / "crds" / CRD_FILE).read_bytes(), \
+        "charts/eopipe/crds/ is out of date: cp crds/*.yaml charts/eopipe/crds/"
+
+
+def test_chart_app_version_matches_the_package():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
+    assert chart["appVersion"] == version
+
+
+@pytest.mark.parametrize("values", sorted(VALUE_SETS))
+def test_helm_lint(tools, helm_env, values):
+    res = run_helm(tools, helm_env, "lint", "--strict", str(CHART), *VALUE_SETS[values])
+    assert "0 chart(s) failed" in res.stdout
+
+
+def test_default_render(tools, helm_env):
+    docs = render(tools, helm_env)
+    assert sorted(d["kind"] for d in docs) == sorted(
+        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service",
+         "PodDisruptionBudget", "NetworkPolicy"])
+    dep = by_kind(docs, "Deployment")[0]
+    # Two replicas, one leader (a Lease); a rollout starts a follower before stopping one.
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": dep["spec"]["selector"]}
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"] == ["eopipe"] and c["args"][0] == "operator"
+    assert not any(a.startswith("--namespace") for a in c["args"])  # cluster-wide
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 10001
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["serviceAccountName"] == by_kind(docs, "ServiceAccount")[0]["metadata"]["name"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["EOPIPE_IMAGE"] == "eopipe:0.1.0" and env["EOPIPE_SPARK_IMAGE"] == "eopipe-spark:0.1.0"
+    assert "KUBECONFIG" not in env and "automountServiceAccountToken" not in pod
+    assert env["EOPIPE_LEADER_ELECTION"] == "true" and env["EOPIPE_LEASE_NAME"] == "eopipe-leader"
+    assert (env["EOPIPE_LEASE_DURATION_SECONDS"], env["EOPIPE_RENEW_DEADLINE_SECONDS"],
+            env["EOPIPE_RETRY_PERIOD_SECONDS"]) == ("15", "10", "2")
+    assert env["EOPIPE_RESYNC_SECONDS"] == "60"
+    refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
+    assert refs["POD_NAME"] == "metadata.name" and refs["POD_NAMESPACE"] == "metadata.namespace"
+    anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["podAffinityTerm"]["labelSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    (role,) = by_kind(docs, "Role")
+    assert role["metadata"] == {**role["metadata"], "name": "eopipe-leader-election", "namespace": "eopipe-system"}
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["eopipe-leader"],
+         "verbs": ["get", "update"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}]
+    (binding,) = by_kind(docs, "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "eopipe", "namespace": "eopipe-system"}]
+    svc = by_kind(docs, "Service")[0]
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    rules = by_kind(docs, "ClusterRole")[0]["rules"]
+    assert any(r["resources"] == ["namespaces"] for r in rules)
+
+
+def test_single_replica_without_leader_election(tools, helm_env):
+    docs = render(tools, helm_env, "--set", "replicas=1", "--set", "leaderElection.enabled=false")
+    assert not by_kind(docs, "PodDisruptionBudget") and not by_kind(docs, "Role")
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["EOPIPE_LEADER_ELECTION"] == "false" and "EOPIPE_LEASE_NAME" not in env
+    assert "affinity" not in dep["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "leaderElection.enabled=false"], "replicas > 1 needs leaderElection.enabled"),
+    (["--set", "leaderElection.renewDeadlineSeconds=15"],
+     "retryPeriodSeconds < renewDeadlineSeconds < leaseDurationSeconds"),
+])
+def test_leader_election_settings_that_cannot_work_are_refused(tools, helm_env, args, message):
+    res = run_helm(tools, helm_env, "template", "eopipe", str(CHART), *args, check=False)
+    assert res.returncode != 0 and message in res.stderr, res.stderr
+
+
+def test_network_policies_render(tools, helm_env):
+    """networkPolicy: the operator pods' own policy in the chart, and the settings with which the
+    operator makes each pipeline's (builders/access.py) select exactly the chart's operator pods."""
+    from eopipe.control.settings import Settings
+
+    docs = render(tools, helm_env, "--set", "allowedRegistries={ghcr.io/acme,registry.example.com:5000}")
+    (np,) = by_kind(docs, "NetworkPolicy")
+    dep = by_kind(docs, "Deployment")[0]
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert np["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert np["spec"]["ingress"][1] == {
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        "ports": [{"protocol": "TCP", "port": "metrics"}]}
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    settings = Settings.from_env({**{k: v for k, v in env.items() if v is not None},
+                                  "POD_NAMESPACE": "eopipe-system"})
+    assert settings.allowed_registries == ("ghcr.io/acme", "registry.example.com:5000")
+    peers = settings.network_policy
+    assert peers is not None and peers.operator_namespace == "eopipe-system"
+    assert dict(peers.operator_labels).items() <= pod_labels.items()
+    assert dict(peers.operator_labels) == dep["spec"]["selector"]["matchLabels"]
+    assert peers.metrics_namespace_selector == {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    # Off: no policy, and the operator makes none.
+    docs = render(tools, helm_env, "--set", "networkPolicy.enabled=false")
+    assert not by_kind(docs, "NetworkPolicy")
+    env = {e["name"]: e.get("value") for e in
+           by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "EOPIPE_NETWORK_POLICIES" not in env and "EOPIPE_ALLOWED_REGISTRIES" not in env
+    # No metrics namespaces: only the health port stays open.
+    (np,) = by_kind(render(tools, helm_env, "--set", "networkPolicy.metricsNamespaceSelector=null"), "NetworkPolicy")
+    assert np["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": "health"}]}]
+
+
+def test_namespaced_render(tools, helm_env):
+    docs = render(tools, helm_env, *VALUE_SETS["namespaced"])
+    leader = "eopipe-leader-election"
+    roles = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] != leader]
+    bindings = [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["name"] != leader]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for b in bindings:
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "eopipe", "namespace": "eopipe-system"}]
+    # The only cluster-wide grants left: reading CRDs and namespaces (Kopf observes both).
+    (cluster_role,) = by_kind(docs, "ClusterRole")
+    assert cluster_role["rules"] == [
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+         "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
+    c = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
+    assert "--namespace=team-a" in c["args"] and "--namespace=team-b" in c["args"] and "--verbose" in c["args"]
+    assert c["image"] == "eopipe:1.2.3" and c["imagePullPolicy"] == "Always"
+
+
+def test_monitoring_render(tools, helm_env):
+    docs = render(tools, helm_env, *VALUE_SETS["monitoring"])
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    svc = by_kind(docs, "Service")[0]
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    # honorLabels: eopipe_operator_pipeline_ready's `namespace` is the pipeline's (the alerts use it).
+    assert sm["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "honorLabels": True,
+                                        "interval": "30s", "scrapeTimeout": "10s"}]
+    assert len(by_kind(docs, "PodMonitor")) == 1 and len(by_kind(docs, "PrometheusRule")) == 1  # test_alerts.py
+    assert sm["spec"]["namespaceSelector"] == {"matchNames": ["eopipe-system"]}
+    pod = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]
+    assert "--log-json" in pod["containers"][0]["args"]
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    # Credentials from a projected ServiceAccount token through KUBECONFIG, no automount.
+    assert pod["automountServiceAccountToken"] is False
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["KUBECONFIG"] == "/var/run/eopipe/kube/kubeconfig"
+    (cm,) = by_kind(docs, "ConfigMap")
+    kc = yaml.safe_load(cm["data"]["kubeconfig"])
+    assert kc["users"][0]["user"] == {"tokenFile": "token"}
+    assert kc["clusters"][0]["cluster"]["certificate-authority"] == "ca.crt"
+
+
+@pytest.mark.parametrize("values, fullname, name", [
+    ([], "eopipe", "eopipe"),
+    (["--set", "nameOverride=streams"], "eopipe-streams", "streams"),
+    (["--set", "fullnameOverride=data-eo"], "data-eo", "eopipe"),
+    (["--set", "nameOverride=streams", "--set", "fullnameOverride=data-eo"], "data-eo", "streams"),
+])
+def test_name_overrides(tools, helm_env, values, fullname, name):
+    """nameOverride and fullnameOverride: every object's name and the name label follow."""
+    docs = render(tools, helm_env, *values, "--set", "serviceMonitor.enabled=true", "--set", "podMonitor.enabled=true",
+                  "--set", "prometheusRule.enabled=true")
+    for d in docs:
+        assert d["metadata"]["name"].startswith(fullname), d["metadata"]["name"]
+        assert d["metadata"]["labels"]["app.kubernetes.io/name"] == name
+    dep = by_kind(docs, "Deployment")[0]
+    assert dep["metadata"]["name"] == fullname
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == fullname
+    assert dep["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"] == name
+    assert by_kind(docs, "Service")[0]["metadata"]["name"] == f"{fullname}-metrics"
+    assert by_kind(docs, "ClusterRoleBinding")[0]["subjects"][0]["name"] == fullname
+
+
+def test_rbac_is_least_privilege(tools, helm_env):
+    from eopipe.control.builders.spark import DRIVER_RULES
+
+    for values in VALUE_SETS.values():
+        for doc in render(tools, helm_env, *values):
+            rules = doc.get("rules", []) if doc["kind"] in ("Role", "ClusterRole") else []
+            for rule in rules:
+                assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+                assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
+                # Deleting is only what the operator must hold to grant it to Spark drivers.
+                if {"delete", "deletecollection"} & set(rule["verbs"]):
+                    assert rule in DRIVER_RULES, rule
+            if doc["kind"] == "Role" and doc["metadata"]["name"].endswith("-leader-election"):
+                assert {v for r in rules for v in r["verbs"]} == {"get", "update", "create"}, rules
+                assert all(r["resources"] == ["leases"] for r in rules), rules
+                continue
+            if doc["kind"] == "Role" or any("exactlyoncepipelines" in r["resources"] for r in rules):
+                assert all(r in rules for r in DRIVER_RULES), doc["metadata"]["name"]
+            for rule in rules:  # Secrets: read by name, the token one created; never listed
+                if "secrets" in rule["resources"]:
+                    assert rule["verbs"] == ["get", "create"], rule
+
+
+def _grants(rules: list[dict], resource_name: str | None = None) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+            if not rule.get("resourceNames") or resource_name in rule["resourceNames"]}
+
+
+@pytest.mark.parametrize("values", sorted(VALUE_SETS))
+def test_rbac_grants_exactly_the_operators_api_access(tools, helm_env, values):
+    """control/permissions.py (checked against the code by tests/unit/test_permissions.py) and
+    the chart's ClusterRole and Roles: every access granted where it is needed, and nothing
+    granted beyond it but what RBAC requires to grant the Roles the operator makes (DRIVER_RULES)."""
+    from eopipe.control import permissions as p
+    from eopipe.control.builders.spark import DRIVER_RULES
+
+    docs = render(tools, helm_env, *VALUE_SETS[values])
+    watched = [n for a in VALUE_SETS[values] if a.startswith("watchNamespaces=")
+               for n in a.split("=", 1)[1].strip("{}").split(",")]
+    cluster = set().union(*(_grants(d["rules"]) for d in by_kind(docs, "ClusterRole")))
+    role = {ns: _grants([r for d in by_kind(docs, "Role") if d["metadata"]["namespace"] == ns
+                         and not d["metadata"]["name"].endswith("-leader-election") for r in d["rules"]])
+            for ns in watched}
+    leader = [d for d in by_kind(docs, "Role") if d["metadata"]["name"].endswith("-leader-election")]
+    (lease_role,) = leader
+    assert lease_role["metadata"]["namespace"] == "eopipe-system"
+    own = _grants(lease_role["rules"], "eopipe-leader")
+    assert not _grants(lease_role["rules"], "another-lease") - {("coordination.k8s.io", "leases", "create")}
+
+    need = {p.WATCHED: set(), p.OWN: set(), p.CLUSTER: set()}
+    for a in (*p.API_ACCESS, *p.IMPLIED):
+        need[a.scope] |= {(a.group, a.resource, v) for v in a.verbs}
+    assert need[p.OWN] <= own, sorted(need[p.OWN] - own)
+    assert need[p.CLUSTER] <= cluster, sorted(need[p.CLUSTER] - cluster)
+    for ns, grants in (role.items() if watched else [("all namespaces", cluster)]):
+        assert need[p.WATCHED] <= grants, (ns, sorted(need[p.WATCHED] - grants))
+
+    escalation = _grants(DRIVER_RULES)
+    allowed = need[p.WATCHED] | need[p.CLUSTER] | escalation
+    for grants in [cluster, *role.values()]:
+        assert grants <= allowed, sorted(grants - allowed)
+    assert own == need[p.OWN]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "logLevel=loud"], "/logLevel"),
+    (["--set", "logFormat=xml"], "/logFormat"),
+    (["--set", "image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+    (["--set", "watchNamespaces={Team_A}"], "/watchNamespaces/0"),
+    (["--set", "healthPort=0"], "/healthPort"),
+    (["--set", "metrics.port=70000"], "/metrics/port"),
+    (["--set", "serviceMonitor.enabled=yes"], "/serviceMonitor/enabled"),
+    (["--set", "serviceMonitor.interval=soon"], "/serviceMonitor/interval"),
+    (["--set", "kafka.deleteAttempts=0"], "/kafka/deleteAttempts"),
+    (["--set", "replicas=0"], "/replicas"),
+    (["--set", "leaderElection.enabled=yes"], "/leaderElection/enabled"),
+    (["--set", "leaderElection.leaseSeconds=9"], "additional properties 'leaseSeconds'"),
+    (["--set", "image.repository="], "/image/repository"),
+    (["--set", "podMonitor.enabled=yes"], "/podMonitor/enabled"),
+    (["--set", "prometheusRule.dedupLag.records=-1"], "/prometheusRule/dedupLag/records"),
+    (["--set", "prometheusRule.effectiveWindow.ratio=1.5"], "/prometheusRule/effectiveWindow/ratio"),
+    (["--set", "prometheusRule.transactionAborts.perSecond=fast"], "/prometheusRule/transactionAborts/perSecond"),
+    (["--set", "prometheusRule.pipelineNotReady.for=soon"], "/prometheusRule/pipelineNotReady/for"),
+    (["--set", "prometheusRule.thresholds.lag=1"], "additional properties 'thresholds'"),
+    (["--set", "fullnameOverride=" + "x" * 64], "/fullnameOverride"),
+    (["--set", "networkPolicy.enabled=maybe"], "/networkPolicy/enabled"),
+    (["--set", "allowedRegistries={https://ghcr.io}"], "/allowedRegistries/0"),
+])
+def test_values_schema_rejects_bad_values(tools, helm_env, args, message):
+    res = run_helm(tools, helm_env, "template", "eopipe", str(CHART), *args, check=False)
+    assert res.returncode != 0 and message in res.stderr, res.stderr
+
+
+def test_service_monitor_needs_the_metrics_service(tools, helm_env):
+    res = run_helm(tools, helm_env, "template", "eopipe", str(CHART), "--set", "serviceMonitor.enabled=true",
+                   "--set", "metrics.service.enabled=false", check=False)
+    assert res.returncode != 0 and "serviceMonitor.enabled needs metrics.service.enabled" in res.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# kubeconform against schemas from the real API server
+# ---------------------------------------------------------------------------------------
+
+def _resolve(node, schemas: dict, stack: frozenset = frozenset()):
+    """One OpenAPI v3 schema node -> a standalone, strict JSON schema (refs inlined)."""
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        name = node["$ref"].rsplit("/", 1)[1]
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        if name in stack:  # a recursive type (JSONSchemaProps): left open at the repeat
+            return _resolve(rest, schemas, stack)
+        return {**_resolve(schemas[name], schemas, stack | {name}), **_resolve(rest, schemas, stack)}
+    if len(node.get("allOf") or ()) == 1:  # how v3 attaches a default/description to a $ref
+        rest = {k: v for k, v in node.items() if k != "allOf"}
+        return {**_resolve(node["allOf"][0], schemas, stack), **_resolve(rest, schemas, stack)}
+    out = {}
+    for key, value in node.items():
+        if key in ("properties", "patternProperties"):
+            out[key] = {name: _resolve(sub, schemas, stack) for name, sub in value.items()}
+        elif key in ("items", "additionalProperties", "not") and isinstance(value, dict):
+            out[key] = _resolve(value, schemas, stack)
+        elif key in ("allOf", "anyOf", "oneOf"):
+            out[key] = [_resolve(sub, schemas, stack) for sub in value]
+        else:
+            out[key] = value
+    if out.pop("nullable", False) and isinstance(out.get("type"), str):
+        out["type"] = [out["type"], "null"]
+    if out.get("x-kubernetes-int-or-string"):
+        out.setdefault("type", ["string", "integer"])
+    # Strict, as kubeconform -strict expects of its schemas: no undocumented fields.
+    if "properties" in out and "additionalProperties" not in out \
+            and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+def openapi_to_json_schemas(documents: list[dict], dest: Path) -> dict[str, Path]:
+    """Writes one JSON schema per kind in kubeconform's file layout
+    (`<kind><-group-prefix>-<version>.json`, as `{{ .ResourceKind }}{{ .KindSuffix }}.json`)."""
+    schemas: dict = {}
+    for doc in documents:
+        schemas.update((doc.get("components") or {}).get("schemas") or {})
+    written: dict[str, Path] = {}
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, schema in schemas.items():
+        for gvk in schema.get("x-kubernetes-group-version-kind") or ():
+            if gvk["kind"].endswith("List") or "properties" not in schema:
+                continue
+            group, version, kind = gvk["group"], gvk["version"], gvk["kind"]
+            suffix = f"-{group.split('.')[0]}-{version}" if group else f"-{version}"
+            path = dest / f"{kind.lower()}{suffix}.json"
+            resolved = _resolve(schema, schemas, frozenset({name}))
+            # apiVersion and kind must be exactly this GVK.
+            resolved["properties"]["apiVersion"] = {"enum": [f"{group}/{version}" if group else version]}
+            resolved["properties"]["kind"] = {"enum": [kind]}
+            path.write_text(json.dumps(resolved))
+            written[f"{group}/{version}/{kind}"] = path
+    return written
+
+
+@pytest.fixture(scope="session")
+def k8s_json_schemas(crds, tmp_path_factory) -> str:
+    """JSON schemas from the test API server's /openapi/v3, with our CRD installed; returns
+    the kubeconform -schema-location template."""
+    from kubernetes import config
+
+    api = config.new_client_from_config(config_file=str(crds.kubeconfig))
+    try:
+        def get(path: str) -> dict:
+            resp = api.call_api(path, "GET", _preload_content=False, auth_settings=["BearerToken"])
+            return json.loads(resp[0].data)
+
+        def wanted(gv_path: str) -> bool:
+            return gv_path == "api/v1" or gv_path.startswith("apis/")
+
+        # The API server publishes a new CRD's OpenAPI a moment after it is Established.
+        deadline = time.monotonic() + 60
+        while "apis/eopipe.dev/v1alpha1" not in (index := get("/openapi/v3")["paths"]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.5)
+        docs = [get("/openapi/v3/" + p) for p in sorted(index) if wanted(p)]
+    finally:
+        api.close()
+    dest = tmp_path_factory.mktemp("k8s-json-schemas")
+    written = openapi_to_json_schemas(docs, dest)
+    for gvk in ("apps/v1/Deployment", "/v1/Service", "rbac.authorization.k8s.io/v1/Role",
+                "eopipe.dev/v1alpha1/ExactlyOncePipeline", "apiextensions.k8s.io/v1/CustomResourceDefinition"):
+        assert gvk in written, sorted(written)
+    return str(dest / "{{ .ResourceKind }}{{ .KindSuffix }}.json")
+
+
+def kubeconform(tools, schema_location: str, manifests: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(tools["kubeconform"]), "-strict", "-summary", "-output", "text",
+                           "-schema-location", schema_location, "-skip", ",".join(NO_SCHEMA_KINDS),
+                           *extra, "-"],
+                          input=manifests, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize("values", sorted(VALUE_SETS))
+def test_rendered_chart_is_valid_for_kubeconform_strict(tools, helm_env, k8s_json_schemas, values):
+    out = run_helm(tools, helm_env, "template", "eopipe", str(CHART), "--include-crds",
+                   "--namespace", "eopipe-system", *VALUE_SETS[values]).stdout
+    res = kubeconform(tools, k8s_json_schemas, out)
+    assert res.returncode == 0, res.stdout + res.stderr
+    n_docs = len([d for d in yaml.safe_load_all(out) if d])
+    skipped = len([d for d in yaml.safe_load_all(out) if d and d["kind"] in NO_SCHEMA_KINDS])
+    assert f"Valid: {n_docs - skipped}, Invalid: 0, Errors: 0" in res.stdout, res.stdout
+
+
+@pytest.mark.k8s
+def test_kubeconform_strict_catches_mistakes(tools, k8s_json_schemas):
+    """The generated schemas are strict: an unknown field or a wrong type fails."""
+    bad = [
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+         "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}}, "templat": {}}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"},
+         "spec": {"ports": [{"port": "http"}]}},
+        {"apiVersion": "eopipe.dev/v1alpha1", "kind": "ExactlyOncePipeline", "metadata": {"name": "x"},
+         "spec": {"kafka": {"bootstrapServers": "k:9092"}, "source": {"topic": "t", "partitions": "many"}}},
+    ]
+    for doc in bad:
+        res = kubeconform(tools, k8s_json_schemas, yaml.safe_dump(doc))
+        assert res.returncode != 0 and "Invalid: 1" in res.stdout, (doc, res.stdout)
+
+
+@pytest.mark.k8s
+def test_examples_are_valid_for_kubeconform_strict(tools, k8s_json_schemas):
+    files = sorted((ROOT / "examples").glob("*.yaml"))
+    text = "\n---\n".join(f.read_text() for f in files)
+    res = kubeconform(tools, k8s_json_schemas, text)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize("example", ["minimal.yaml", "payments.yaml", "file-sink.yaml"])
+def test_examples_are_accepted_by_the_api_server(crds, k8s_namespace, example):
+    """Each example passes the API server's schema and CEL rules (server-side dry run)."""
+    res = kubectl(crds, "apply", "--dry-run=server", "-n", k8s_namespace, "-f", str(ROOT / "examples" / example))
+    assert "(server dry run)" in res.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# the chart on the real control plane
+# ---------------------------------------------------------------------------------------
+
+def _jwt_subject(token: str) -> str:
+    payload = token.split(".")[1]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["sub"]
+
+
+def _can_i(cp, sa: str, *args: str) -> bool:
+    res = kubectl(cp, "auth", "can-i", f"--as={sa}", *args, check=False)
+    return res.stdout.strip() == "yes"
+
+
+@pytest.mark.k8s
+@pytest.mark.parametrize("values", ["default", "monitoring"])
+def test_operator_pod_is_admitted_in_a_restricted_namespace(tools, helm_env, kube_api, k8s_namespace, values):
+    """The operator's own pod meets the restricted Pod Security Standard: a Pod of the chart's
+    Deployment template, server-side dry-run created where PodSecurity enforces `restricted`
+    (with the projected kubeconfig volume in "monitoring"). The Deployment itself would be
+    admitted whatever its template: only pods are enforced."""
+    from kubernetes import client
+
+    ns = k8s_namespace
+    restrict_namespace(kube_api, ns)
+    docs = render(tools, helm_env, *VALUE_SETS[values], namespace=ns)
+    (dep,) = by_kind(docs, "Deployment")
+    (sa,) = by_kind(docs, "ServiceAccount")
+    client.CoreV1Api(kube_api).create_namespaced_service_account(ns, sa)
+    pod = pod_from_template(dep["spec"]["template"], f"{dep['metadata']['name']}-0")
+    assert restricted_problems(pod["spec"]) == []
+    assert dry_run_create(kube_api, ns, pod) is None
+    # The same template without the chart's security values is refused there.
+    bare = run_helm(tools, helm_env, "template", "eopipe", str(CHART), "--namespace", ns, *VALUE_SETS[values],
+                    "--set", "podSecurityContext=null", "--set", "securityContext=null").stdout
+    (dep,) = [d for d in yaml.safe_load_all(bare) if d and d["kind"] == "Deployment"]
+    refused = dry_run_create(kube_api, ns, pod_from_template(dep["spec"]["template"], "bare"))
+    assert refused and "violates PodSecurity" in refused, refused
+
+
+@pytest.mark.k8s
+def test_cluster_wide_rbac_grants_what_the_operator_needs(tools, helm_env, crds, k8s_namespace):
+    """The kubectl path of docs/install.md (helm template | kubectl apply), cluster-wide mode:
+    the ServiceAccount may do its job in any namespace, and nothing more."""
+    ns, cp = k8s_namespace, crds
+    release = f"rbac-{uuid.uuid4().hex[:6]}"
+    full = run_helm(tools, helm_env, "template", release, str(CHART), "--namespace", ns).stdout
+    res = kubectl(cp, "apply", "--server-side", "--dry-run=server", "-n", ns, "-f", "-", input=full)
+    assert f"deployment.apps/{release}-eopipe serverside-applied (server dry run)" in res.stdout, res.stdout
+    # Only the ServiceAccount and RBAC for real: a cluster-wide operator pod would reconcile
+    # the pipelines of every other test on this shared control plane.
+    out = run_helm(tools, helm_env, "template", release, str(CHART), "--namespace", ns,
+                   "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml").stdout
+    kubectl(cp, "apply", "--server-side", "-n", ns, "-f", "-", input=out)
+    try:
+        sa = f"system:serviceaccount:{ns}:{release}-eopipe"
+        other = "default"
+        for verb, what in OPERATOR_GRANTS:
+            assert _can_i(cp, sa, verb, what, "-n", other), (verb, what)
+        assert _can_i(cp, sa, "watch", "customresourcedefinitions.apiextensions.k8s.io")
+        assert _can_i(cp, sa, "watch", "namespaces")
+        for verb, what in [("delete", "statefulsets.apps"), ("list", "secrets"), ("update", "pods"),
+                           ("delete", "exactlyoncepipelines.eopipe.dev"), ("create", "clusterroles"),
+                           ("create", "leases.coordination.k8s.io")]:
+            assert not _can_i(cp, sa, verb, what, "-n", other), (verb, what)
+        # Leader election: its own Lease, in the release's namespace.
+        lease = f"leases.coordination.k8s.io/{release}-eopipe-leader"
+        assert _can_i(cp, sa, "get", lease, "-n", ns) and _can_i(cp, sa, "update", lease, "-n", ns)
+        assert _can_i(cp, sa, "create", "leases.coordination.k8s.io", "-n", ns)
+        assert not _can_i(cp, sa, "update", "leases.coordination.k8s.io/kube-scheduler", "-n", ns)
+    finally:
+        kubectl(cp, "delete", "-n", ns, "--ignore-not-found", "--wait=false", "-f", "-", input=out, check=False)
+
+
+@pytest.mark.k8s
+@pytest.mark.kafka
+def test_chart_installs_and_reconciles_a_pipeline(tools, helm_env, crds, running_node_agent, k8s_namespace,
+                                                  kube_api, kafka_bootstrap, tmp_path):
+    """docs/install.md on the local control plane: helm install (namespaced mode), the operator
+    pod running through the node agent as the chart's ServiceAccount, a pipeline Ready."""
+    from kubernetes import client
+
+    cp, agent = crds, running_node_agent
+    op_ns = k8s_namespace
+    pipe_ns = f"pipelines-{uuid.uuid4().hex[:6]}"
+    kubectl(cp, "create", "namespace", pipe_ns)
+    kubeconfig = ["--kubeconfig", str(cp.kubeconfig)]
+    release = "eopipe"
+    try:
+        res = run_helm(
+            tools, helm_env, "install", release, str(CHART), "--namespace", op_ns, "--create-namespace", *kubeconfig,
+            "--set", f"watchNamespaces={{{pipe_ns}}}",
+            # The node agent has no in-cluster mount; the pod builds its kubeconfig from the
+            # ServiceAccount's projected token instead of inheriting the agent's admin one.
+            "--set", "serviceAccountKubeconfig.enabled=true",
+            "--set", f"serviceAccountKubeconfig.server={cp.server}",
+            # Pods of the node agent share the host's ports: listen on the pod's own IP.
+            "--set", "bindAddress=$(POD_IP)",
+            "--set", "resyncSeconds=3", "--set", "logLevel=debug",
+            "--wait", "--timeout", "180s", timeout=240)
+        assert "kubectl apply --server-side" in res.stdout  # NOTES.txt: the CRD upgrade path
+        kubectl(cp, "-n", op_ns, "rollout", "status", f"deployment/{release}", "--timeout=60s")
+
+        # Two replicas; the Lease's holder is the one that reconciles.
+        core = client.CoreV1Api(kube_api)
+        pods = core.list_namespaced_pod(op_ns, label_selector="app.kubernetes.io/name=eopipe").items
+        assert len(pods) == 2, [p.metadata.name for p in pods]
+        leader = wait_for(lambda: client.CoordinationV1Api(kube_api).read_namespaced_lease(
+            f"{release}-leader", op_ns).spec.holder_identity, 60, what="a Lease holder")
+        pod = next(p for p in pods if p.metadata.name == leader)
+        follower = next(p for p in pods if p.metadata.name != leader)
+        # The operator process authenticates as the chart's ServiceAccount.
+        pid = agent.pod_pid(op_ns, pod.metadata.name)
+        environ = dict(kv.split("=", 1) for kv in
+                       Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in kv)
+        kc_path = Path(environ["KUBECONFIG"])
+        assert kc_path != cp.kubeconfig and kc_path.name == "kubeconfig", kc_path
+        kc = yaml.safe_load(kc_path.read_text())
+        assert kc["users"][0]["user"] == {"tokenFile": "token"}
+        token = (kc_path.parent / "token").read_text()
+        assert _jwt_subject(token) == f"system:serviceaccount:{op_ns}:{release}"
+
+        # A pipeline, as in docs/install.md (bootstrap servers pointed at the test broker).
+        doc = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+        doc["spec"]["kafka"]["bootstrapServers"] = kafka_bootstrap
+        doc["spec"]["source"]["topic"] = f"events-{pipe_ns}"
+        kubectl(cp, "apply", "-n", pipe_ns, "-f", "-", input=yaml.safe_dump(doc))
+        res = kubectl(cp, "wait", "-n", pipe_ns, "eop/minimal", "--for=condition=Ready", "--timeout=240s",
+                      check=False)
+        if res.returncode != 0:
+            raise AssertionError(f"pipeline not Ready: {res.stderr}\n"
+                                 f"{kubectl(cp, 'get', 'eop', 'minimal', '-n', pipe_ns, '-o', 'yaml').stdout}\n"
+                                 f"operator log:\n{agent.pod_logs(op_ns, pod.metadata.name)[-6000:]}")
+        # Sufficient RBAC: not one request of the operator was refused.
+        log = agent.pod_logs(op_ns, pod.metadata.name)
+        assert "Forbidden" not in log and " 403" not in log, log[-4000:]
+        standby = agent.pod_logs(op_ns, follower.metadata.name)
+        assert "not leading: held by " + leader in standby and "reconciled" not in standby, standby[-4000:]
+        described = kubectl(cp, "describe", "eop", "minimal", "-n", pipe_ns).stdout
+        assert "Running" in described and "DedupReady" in described
+        table = kubectl(cp, "get", "eop", "-n", pipe_ns).stdout.splitlines()
+        assert table[1].split()[:5] == ["minimal", "Running", "True", "4", "1"], table
+
+        # Health and metrics on the pod's IP, as the probes and Prometheus reach them.
+        ip = core.read_namespaced_pod(pod.metadata.name, op_ns).status.pod_ip
+        assert urllib.request.urlopen(f"http://{ip}:8081/healthz", timeout=10).status == 200
+        metrics = urllib.request.urlopen(f"http://{ip}:9090/metrics", timeout=10).read().decode()
+        assert f'eopipe_operator_pipeline_ready{{name="minimal",namespace="{pipe_ns}"}} 1.0' in metrics
+
+        # The SA cannot act outside the watched namespace (least privilege, namespaced mode).
+        sa = f"system:serviceaccount:{op_ns}:{release}"
+        assert _can_i(cp, sa, "create", "statefulsets.apps", "-n", pipe_ns)
+        assert not _can_i(cp, sa, "create", "statefulsets.apps", "-n", "default")
+        assert not _can_i(cp, sa, "get", "secrets", "-n", "default")
+        # The pipelines it compares topics with: those of the watched namespaces (control/conflicts.py).
+        assert _can_i(cp, sa, "list", "exactlyoncepipelines.eopipe.dev", "-n", pipe_ns)
+        # Its Lease, in its own namespace only.
+        assert _can_i(cp, sa, "update", f"leases.coordination.k8s.io/{release}-leader", "-n", op_ns)
+        assert not _can_i(cp, sa, "update", "leases.coordination.k8s.io/other", "-n", op_ns)
+        assert not _can_i(cp, sa, "create", "leases.coordination.k8s.io", "-n", pipe_ns)
+
+        # The documented upgrade path: CRD first (Helm never upgrades crds/), then the release.
+        kubectl(cp, "apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
+        run_helm(tools, helm_env, "upgrade", release, str(CHART), "--namespace", op_ns, *kubeconfig,
+                 "--reset-then-reuse-values", "--set", "resyncSeconds=5", "--wait", "--timeout", "180s", timeout=240)
+        wait_for(lambda: _ready_again(cp, pipe_ns), 120, what="pipeline Ready after the upgrade")
+
+        # Uninstall, as documented: pipelines first (their finalizer needs the operator).
+        kubectl(cp, "delete", "eop", "--all", "-n", pipe_ns, "--timeout=120s")
+        run_helm(tools, helm_env, "uninstall", release, "--namespace", op_ns, *kubeconfig, "--wait",
+                 timeout=180)
+        assert not kubectl(cp, "get", "deploy", "-n", op_ns, "-o", "name").stdout.strip()
+    finally:
+        # A failed run must not leave a namespace stuck on the pipeline's finalizer.
+        kubectl(cp, "delete", "eop", "--all", "-n", pipe_ns, "--wait=false", check=False)
+        kubectl(cp, "patch", "eop", "minimal", "-n", pipe_ns, "--type=merge",
+                "-p", '{"metadata":{"finalizers":null}}', check=False)
+        run_helm(tools, helm_env, "uninstall", release, "--namespace", op_ns, *kubeconfig, check=False)
+        kubectl(cp, "delete", "namespace", pipe_ns, "--wait=false", check=False)
+
+
+def _ready_again(cp, ns: str) -> bool:
+    obj = json.loads(kubectl(cp, "get", "eop", "minimal", "-n", ns, "-o", "json").stdout)
+    ready = next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
+    return ready.get("status") == "True" and obj["status"].get("observedGeneration") == obj["metadata"]["generation"]

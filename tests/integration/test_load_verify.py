@@ -1,0 +1,148 @@
+"""`eopipe load` and `eopipe verify` against the real broker: verify catches loss and duplicates."""
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from eopipe.core import partitioner
+from eopipe.core.keys import KeySpec
+from eopipe.tools.loadgen import run_load
+from eopipe.tools.verify import TopicReader, verify
+
+pytestmark = pytest.mark.kafka
+
+
+def _topics(bootstrap, *partitions):
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = [f"lv-{uuid.uuid4().hex[:8]}" for _ in partitions]
+    futs = admin.create_topics([NewTopic(n, p, 1) for n, p in zip(names, partitions)])
+    for f in futs.values():
+        f.result(30)
+    return names
+
+
+def _copy(bootstrap, records, topic, *, abort_extra=()):
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"copy-{uuid.uuid4().hex}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    for k, v in records:
+        p.produce(topic, key=k, value=v)
+    p.commit_transaction(30)
+    if abort_extra:
+        p.begin_transaction()
+        for k, v in abort_extra:
+            p.produce(topic, key=k, value=v)
+        p.flush(30)
+        p.abort_transaction(30)
+
+
+def test_load_places_records_and_makes_duplicates(kafka_bootstrap):
+    (src,) = _topics(kafka_bootstrap, 4)
+    stats = run_load(kafka_bootstrap, src, 2000, dup_ratio=0.3, wrong_partition_ratio=0.1,
+                     poison=7, seed=1)
+    assert stats["records"] == 2007 and stats["poison"] == 7
+    assert stats["unique"] + stats["duplicates"] == 2000
+    seen, misplaced, poison = {}, 0, 0
+    for m in TopicReader(kafka_bootstrap).read(src):
+        if m.key() is None:
+            poison += 1
+            continue
+        seen[m.key()] = seen.get(m.key(), 0) + 1
+        misplaced += partitioner.murmur2_partition(m.key(), 4) != m.partition()
+    assert poison == 7
+    assert len(seen) == stats["unique"]
+    assert sum(seen.values()) - len(seen) == stats["duplicates"]
+    assert misplaced == stats["wrong_partition"] > 0
+    assert json.loads(next(iter(TopicReader(kafka_bootstrap).read(src))).value() or b"{}") is not None
+
+
+def test_verify_counts_lost_duplicated_and_aborted(kafka_bootstrap):
+    src, ok_out, bad_out = _topics(kafka_bootstrap, 3, 2, 2)
+    run_load(kafka_bootstrap, src, 500, dup_ratio=0.25, poison=3, seed=2)
+    unique = {}
+    for m in TopicReader(kafka_bootstrap).read(src):
+        if m.key():
+            unique.setdefault(m.key(), m.value())
+    records = list(unique.items())
+
+    _copy(kafka_bootstrap, records, ok_out, abort_extra=records[:10])
+    rep = verify(kafka_bootstrap, src, ok_out, key_spec=KeySpec(), settle=1)
+    assert rep.ok, rep.line()
+    assert (rep.unique_in, rep.out, rep.lost, rep.duplicated) == (len(records), len(records), 0, 0)
+    assert rep.malformed_in == 3 and rep.aborted_reads == 10
+
+    # Drop two keys, duplicate three: verify must see exactly that.
+    _copy(kafka_bootstrap, records[2:] + records[10:13], bad_out)
+    rep = verify(kafka_bootstrap, src, bad_out, key_spec=KeySpec.parse("json:id"), settle=1)
+    assert not rep.ok
+    assert (rep.lost, rep.duplicated) == (2, 3)
+    assert sorted(rep.examples["lost"]) == sorted(k.decode() for k, _ in records[:2])
+
+
+def test_cli_exit_status_follows_the_verdict(kafka_bootstrap):
+    src, out = _topics(kafka_bootstrap, 2, 2)
+    eopipe = [sys.executable, "-m", "eopipe.tools.cli"]
+    load = subprocess.run(eopipe + ["load", "--bootstrap", kafka_bootstrap, "--topic", src,
+                                    "--count", "300", "--seed", "3", "--json", "--quiet"],
+                          capture_output=True, text=True, check=True)
+    assert json.loads(load.stdout)["records"] == 300
+    # Nothing was copied to the output: everything is lost, exit status 1.
+    res = subprocess.run(eopipe + ["verify", "--bootstrap", kafka_bootstrap, "--source", src,
+                                   "--output", out, "--settle", "1", "--json"],
+                         capture_output=True, text=True)
+    assert res.returncode == 1, res.stderr
+    rep = json.loads(res.stdout)
+    assert rep["lost"] == rep["unique_in"] > 0 and rep["ok"] is False
+
+
+def test_backlog_sees_records_not_markers(kafka_bootstrap):
+    """A group is drained when only transaction markers follow its committed offset."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from eopipe.tools.verify import backlog
+
+    (topic,) = _topics(kafka_bootstrap, 1)
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    _copy(kafka_bootstrap, [(b"k1", b"v1"), (b"k2", b"v2")], topic)  # offsets 0, 1 + marker at 2
+    c = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    c.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
+    assert backlog(kafka_bootstrap, group, topic) > 0  # k2 not consumed yet
+    c.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)
+    assert backlog(kafka_bootstrap, group, topic) == 0  # only the commit marker follows
+    _copy(kafka_bootstrap, [], topic, abort_extra=[(b"k3", b"v3")])  # an aborted record
+    assert backlog(kafka_bootstrap, group, topic) == 0
+    c.close()
+
+
+def test_an_open_transaction_makes_verify_incomplete(kafka_bootstrap):
+    """A transaction that never resolves holds read_committed readers back: verify gives no verdict
+    (exit status 3) within its timeout, and says which partition it could not read to the end."""
+    src, out = _topics(kafka_bootstrap, 1, 1)
+    _copy(kafka_bootstrap, [(b"k1", b"v1")], src)
+    _copy(kafka_bootstrap, [(b"k1", b"v1")], out)
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"open-{uuid.uuid4().hex}",
+                  "transaction.timeout.ms": 120_000})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.produce(src, key=b"k2", value=b"v2")
+    p.flush(30)
+    try:
+        t0 = time.monotonic()
+        res = subprocess.run([sys.executable, "-m", "eopipe.tools.cli", "verify", "--bootstrap", kafka_bootstrap,
+                              "--source", src, "--output", out, "--settle", "1", "--timeout", "8"],
+                             capture_output=True, text=True, timeout=90)
+        took = time.monotonic() - t0
+    finally:
+        p.abort_transaction(30)
+    assert res.returncode == 3, (res.returncode, res.stdout, res.stderr)
+    assert took < 30, took
+    assert res.stdout == "" and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"eopipe verify: incomplete after 8s: {src} was not read to its end: partition 0 "), \
+        res.stderr
+    assert "open transaction" in res.stderr, res.stderr

@@ -1,0 +1,515 @@
+"""The Spark stage (spark_app): config validation, the exactly-once Kafka sink, the file sink,
+fault tests with real Spark and a real broker, and a SparkApplication run on the control plane.
+
+Spark is heavy on a 2-core machine: every test here runs at most one driver at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from eopipe.core.keys import KeySpec
+from eopipe.tools.loadgen import run_load
+from eopipe.tools.verify import TopicReader, verify
+from spark_app import sink_kafka
+from tests.helpers.pipelines import example_names
+
+REPO = Path(__file__).resolve().parents[2]
+ID = KeySpec.parse("json:id")
+
+
+# ------------------------------------------------------------------------------ helpers
+
+class Topics:
+    """Source (the 'deduped' topic), sink and commit topics of one test."""
+
+    def __init__(self, bootstrap: str, partitions: int = 3):
+        self.bootstrap = bootstrap
+        run = uuid.uuid4().hex[:8]
+        self.pipeline = f"sp-{run}"
+        self.source, self.sink, self.commits = f"sp-{run}.deduped", f"sp-{run}-out", f"sp-{run}.commits"
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        futs = admin.create_topics([NewTopic(self.source, partitions, 1), NewTopic(self.sink, partitions, 1),
+                                    NewTopic(self.commits, 1, 1, config={"cleanup.policy": "compact"})])
+        for f in futs.values():
+            f.result(30)
+
+    def config(self, tmp_path: Path, **over) -> dict:
+        doc = {"pipeline": self.pipeline, "namespace": "test", "bootstrap": self.bootstrap,
+               "source_topic": self.source, "trigger": "1s",
+               "checkpoint_location": str(tmp_path / "checkpoint"),
+               "sink": {"kind": "kafka", "topic": self.sink, "commit_topic": self.commits}}
+        doc.update(over)
+        return doc
+
+
+def _open_transaction(bootstrap: str, topic: str) -> bool:
+    """Whether some partition of `topic` has an open transaction (LSO < high watermark)."""
+    c_unc = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "isolation.level": "read_uncommitted"})
+    c_com = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "isolation.level": "read_committed"})
+    try:
+        parts = c_unc.list_topics(topic, timeout=10).topics[topic].partitions
+        for p in parts:
+            tp = TopicPartition(topic, p)
+            hw = c_unc.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            lso = c_com.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            if lso < hw:
+                return True
+        return False
+    finally:
+        c_unc.close()
+        c_com.close()
+
+
+def _wait_for_output(bootstrap: str, topic: str, at_least: int, timeout: float) -> int:
+    deadline = time.monotonic() + timeout
+    n = 0
+    while time.monotonic() < deadline:
+        n = sum(1 for _ in TopicReader(bootstrap).read(topic, timeout=30))
+        if n >= at_least:
+            return n
+        time.sleep(1)
+    raise TimeoutError(f"{topic}: {n} records after {timeout:.0f}s, wanted {at_least}")
+
+
+class Supervisor(threading.Thread):
+    """restartPolicy OnFailure for a driver in a test: restarts it whenever it exits."""
+
+    def __init__(self, driver, max_restarts: int = 5):
+        super().__init__(daemon=True)
+        self.driver, self.max_restarts = driver, max_restarts
+        self.restarts, self.exit_codes = 0, []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.wait(0.5):
+            if not self.driver.alive and self.restarts < self.max_restarts:
+                self.exit_codes.append(self.driver.returncode)
+                self.restarts += 1
+                self.driver.start()
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+def _background_load(bootstrap: str, topic: str, count: int, rate: float, seed: int) -> threading.Thread:
+    result: dict = {}
+
+    def go():
+        try:
+            result.update(run_load(bootstrap, topic, count, dup_ratio=0.0, wrong_partition_ratio=0.0,
+                                   rate=rate, seed=seed))
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            result["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.result = result
+    t.start()
+    return t
+
+
+def _join_load(t: threading.Thread, timeout: float = 120) -> dict:
+    t.join(timeout)
+    assert not t.is_alive(), "load did not finish"
+    assert "error" not in t.result, t.result.get("error")
+    return t.result
+
+
+# --------------------------------------------------------- the sink's protocol (Kafka only)
+
+class _FakeTaskContext:
+    def __init__(self, partition: int, attempt: int, query: str):
+        self._p, self._a, self._q = partition, attempt, query
+
+    def partitionId(self):
+        return self._p
+
+    def attemptNumber(self):
+        return self._a
+
+    def getLocalProperty(self, key):
+        return self._q if key == "sql.streaming.queryId" else None
+
+
+@pytest.mark.kafka
+def test_sink_protocol_skips_committed_batches_and_refuses_a_rewound_checkpoint(kafka_bootstrap, monkeypatch):
+    """write_partition as Spark tasks call it, with a stand-in TaskContext."""
+    import pyspark
+
+    t = Topics(kafka_bootstrap, partitions=2)
+    params = sink_kafka.SinkParams(t.sink, t.commits, f"eopipe.test.{t.pipeline}.spark",
+                                   {"bootstrap.servers": kafka_bootstrap})
+    ctx = {"c": _FakeTaskContext(0, 0, "q1")}
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: ctx["c"]))
+
+    def rows(batch, n=5):
+        return [(f"k{batch}-{i}", json.dumps({"id": f"k{batch}-{i}"})) for i in range(n)]
+
+    def out_keys():
+        return Counter(m.key().decode() for m in TopicReader(kafka_bootstrap).read(t.sink))
+
+    sink_kafka.write_partition(params, 0, 0, rows(0))
+    sink_kafka.write_partition(params, 1, 0, rows(1))
+    # A retry of batch 1 (attempt 1) after attempt 0 committed: the marker says so.
+    ctx["c"] = _FakeTaskContext(0, 1, "q1")
+    sink_kafka.write_partition(params, 1, 0, rows(1))
+    # A new driver replays batch 1 (its first batch): skipped from the marker.
+    ctx["c"] = _FakeTaskContext(0, 0, "q1")
+    sink_kafka.write_partition(params, 1, 1, rows(1))
+    # ...and goes on with batch 2, and task 1 (no marker yet) writes its first batch.
+    sink_kafka.write_partition(params, 2, 1, rows(2))
+    ctx["c"] = _FakeTaskContext(1, 0, "q1")
+    sink_kafka.write_partition(params, 2, 1, [("t1", "{}")])
+    keys = out_keys()
+    assert sum(keys.values()) == 16 and max(keys.values()) == 1, keys
+
+    # The checkpoint went back to batch 1 while the marker holds 2: fail, never guess.
+    ctx["c"] = _FakeTaskContext(0, 0, "q1")
+    with pytest.raises(sink_kafka.InconsistentCheckpoint):
+        sink_kafka.write_partition(params, 1, 1, rows(1))
+    # A new checkpoint (another query id) starts over: its batch 0 is written.
+    ctx["c"] = _FakeTaskContext(0, 0, "q2")
+    sink_kafka.write_partition(params, 0, 0, [("fresh", "{}")])
+    assert out_keys()["fresh"] == 1
+    marker = sink_kafka.read_marker(params, 0, 0)
+    assert (marker.batch, marker.query) == (0, "q2")
+
+
+@pytest.mark.kafka
+def test_sink_aborts_when_killed_before_commit_and_a_retry_fences_the_zombie(kafka_bootstrap, monkeypatch):
+    """A first attempt that wrote rows but never committed (its process hangs or died): the
+    retry's init_transactions() fences it, its rows stay invisible, the retry writes once."""
+    import pyspark
+
+    t = Topics(kafka_bootstrap, partitions=1)
+    params = sink_kafka.SinkParams(t.sink, t.commits, f"eopipe.test.{t.pipeline}.spark",
+                                   {"bootstrap.servers": kafka_bootstrap})
+    zombie = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": params.transactional_id(0)})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    for i in range(10):
+        zombie.produce(t.sink, key=f"z{i}", value="{}")
+    zombie.flush(10)
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: _FakeTaskContext(0, 1, "q")))
+    sink_kafka.write_partition(params, 0, 0, [(f"z{i}", "{}") for i in range(10)])
+    with pytest.raises(Exception):
+        zombie.commit_transaction(10)  # fenced
+    committed = Counter(m.key() for m in TopicReader(kafka_bootstrap).read(t.sink))
+    assert len(committed) == 10 and set(committed.values()) == {1}
+    seen = sum(1 for _ in TopicReader(kafka_bootstrap, "read_uncommitted").read(t.sink))
+    assert seen == 20  # the zombie's aborted records are there, invisible to read_committed
+
+
+# ------------------------------------------------------------ real Spark, real Kafka
+
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_sql_and_python_transform_to_kafka_exactly_once(kafka_bootstrap, spark_driver, tmp_path):
+    t = Topics(kafka_bootstrap)
+    stats = run_load(kafka_bootstrap, t.source, 1500, dup_ratio=0.0, poison=4, seed=21)
+    sql = ("SELECT key, id, seq, account, upper(currency) AS currency, amount_cents, "
+           "partition AS src_partition FROM events WHERE id IS NOT NULL")
+    d = spark_driver(t.config(tmp_path, sql=sql, transform="spark_app.examples:amount_in_major_units"))
+    d.wait_running()
+    _wait_for_output(kafka_bootstrap, t.sink, stats["unique"], timeout=120)
+    rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, settle=3, timeout=120)
+    assert rep.ok and rep.lost == 0 and rep.duplicated == 0, rep.line()
+    assert rep.unique_in == 1500 and rep.malformed_in == 4  # poison filtered by the SQL
+    for m in TopicReader(kafka_bootstrap).read(t.sink):
+        v = json.loads(m.value())
+        assert m.key().decode() == v["id"]
+        assert v["currency"] in ("EUR", "USD", "GBP") and v["amount"] == round(v["amount_cents"] / 100, 2)
+        assert set(v) == {"id", "seq", "account", "currency", "amount_cents", "src_partition", "amount"}
+    assert d.alive
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_sql_that_does_not_analyse_exits_2(kafka_bootstrap, spark_driver, tmp_path):
+    t = Topics(kafka_bootstrap)
+    d = spark_driver(t.config(tmp_path, sql="SELECT no_such_column FROM events"))
+    assert d.wait(120) == 2, d.tail(30, meaningful=True)
+    assert "invalid spark_app config" in d.log_text() and "no_such_column" in d.log_text()
+
+
+def _read_files_with_spark(path: Path, fmt: str, jars: Path) -> list[str]:
+    """Reads a file sink's output through Spark (which honours _spark_metadata); returns ids."""
+    script = (
+        "import json, sys\n"
+        "from pyspark.sql import SparkSession\n"
+        "s = SparkSession.builder.master('local[1]').config('spark.ui.enabled','false').getOrCreate()\n"
+        f"rows = s.read.format({fmt!r}).load({str(path)!r}).select('id').collect()\n"
+        "print('IDS=' + json.dumps([r.id for r in rows]))\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                         env={**__import__("os").environ, "SPARK_LOCAL_IP": "127.0.0.1",
+                              "PYSPARK_PYTHON": sys.executable})
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("IDS=")]
+    assert line, res.stderr[-3000:]
+    return json.loads(line[0][4:])
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+def test_parquet_file_sink_is_exact_across_a_driver_kill(kafka_bootstrap, spark_driver, spark_jars, tmp_path):
+    t = Topics(kafka_bootstrap)
+    out = tmp_path / "out"
+    load = _background_load(kafka_bootstrap, t.source, 3000, rate=400, seed=22)
+    d = spark_driver(t.config(tmp_path, sink={"kind": "files", "path": str(out), "format": "parquet"}))
+    d.wait_running()
+    deadline = time.monotonic() + 60
+    while not list(out.glob("_spark_metadata/*")) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert list(out.glob("_spark_metadata/*")), "no batch reached the file sink"
+    time.sleep(1.5)
+    d.kill()  # mid-run: some part files may be written but never committed to the log
+    d.start()
+    d.wait_running()
+    stats = _join_load(load)
+    # Done when the sink's log has a batch that ends at the source's end offsets.
+    ends = _end_offsets(kafka_bootstrap, t.source)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and _checkpoint_offsets(tmp_path / "checkpoint") != ends:
+        time.sleep(1)
+    time.sleep(2)  # the batch's commit follows its offsets entry
+    d.stop()
+    ids = _read_files_with_spark(out, "parquet", spark_jars)
+    counts = Counter(ids)
+    assert len(counts) == stats["unique"] == 3000, (len(counts), stats)
+    assert max(counts.values()) == 1, [k for k, n in counts.items() if n > 1][:5]
+
+
+def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in sorted(parts)}
+    finally:
+        c.close()
+
+
+def _checkpoint_offsets(checkpoint: Path) -> dict[int, int] | None:
+    """The source offsets after the last committed batch of a checkpoint."""
+    last = _latest_batch(checkpoint, "commits")
+    if last is None:
+        return None
+    lines = (checkpoint / "offsets" / str(last)).read_text().splitlines()
+    offsets = json.loads(lines[-1])
+    (topic_offsets,) = offsets.values()
+    return {int(p): o for p, o in topic_offsets.items()}
+
+
+def _latest_batch(checkpoint: Path, log: str) -> int | None:
+    """The newest batch id in a checkpoint's offsets or commits log."""
+    return max((int(p.name) for p in (checkpoint / log).glob("[0-9]*")), default=None)
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.slow
+def test_driver_sigkill_mid_batch_repeatedly_then_replay_of_a_committed_batch(
+        kafka_bootstrap, spark_driver, tmp_path):
+    t = Topics(kafka_bootstrap)
+    load = _background_load(kafka_bootstrap, t.source, 6000, rate=250, seed=23)
+    # Each task sleeps before its commit, so the kills below land inside open transactions.
+    d = spark_driver(t.config(tmp_path), EOPIPE_SPARK_TEST_COMMIT_DELAY="0.7")
+    d.wait_running()
+    mid_transaction = 0
+    for _ in range(3):
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline and not _open_transaction(kafka_bootstrap, t.sink):
+            time.sleep(0.05)
+        mid_transaction += _open_transaction(kafka_bootstrap, t.sink)
+        d.kill()
+        d.start()
+        d.wait_running()
+    assert mid_transaction >= 2, "the kills did not land inside open transactions"
+    stats = _join_load(load)
+    _wait_for_output(kafka_bootstrap, t.sink, stats["unique"], timeout=120)
+
+    # The other window of a crash: tasks committed, the driver died before Spark's commit log
+    # entry. Simulated exactly: stop, drop the last commit entry, restart: Spark re-runs that
+    # batch and every task must find its marker and write nothing.
+    # The kill must come after the last planned batch is in the commit log: killed between the
+    # offset-log and commit-log entries, Spark re-runs the newer batch, not the one dropped here.
+    ck = tmp_path / "checkpoint"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and _latest_batch(ck, "offsets") != _latest_batch(ck, "commits"):
+        time.sleep(0.2)
+    d.kill()
+    last = _latest_batch(ck, "offsets")
+    assert last == _latest_batch(ck, "commits"), "the last planned batch never committed"
+    (ck / "commits" / str(last)).unlink()
+    (ck / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    d.start()
+    d.wait_running()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not (ck / "commits" / str(last)).exists():
+        time.sleep(0.5)
+    assert (ck / "commits" / str(last)).exists(), "the replayed batch did not complete"
+    assert f"batch {last} task" in d.log_text() and "replay, marker holds this batch, skipped" in d.log_text()
+
+    rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, settle=5, timeout=180)
+    assert rep.ok and rep.lost == 0 and rep.duplicated == 0, rep.line()
+    assert rep.unique_in == 6000
+    assert rep.aborted_reads > 0  # the killed transactions were really there, and aborted
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.slow
+def test_broker_restart_during_a_run(kafka, kafka_bootstrap, spark_driver, tmp_path):
+    t = Topics(kafka_bootstrap)
+    load = _background_load(kafka_bootstrap, t.source, 5000, rate=250, seed=24)
+    d = spark_driver(t.config(tmp_path))
+    d.wait_running()
+    sup = Supervisor(d)
+    sup.start()
+    try:
+        _wait_for_output(kafka_bootstrap, t.sink, 500, timeout=90)
+        kafka.restart(kill=True, down_seconds=5)
+        stats = _join_load(load, timeout=180)
+        rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, settle=30, timeout=240)
+    finally:
+        sup.stop()
+    assert rep.ok and rep.lost == 0 and rep.duplicated == 0, f"{rep.line()} restarts={sup.exit_codes}"
+    assert rep.unique_in == stats["unique"] == 5000
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.slow
+def test_windowed_count_with_rocksdb_state_is_exact_after_a_kill(kafka_bootstrap, spark_driver, tmp_path):
+    t = Topics(kafka_bootstrap)
+    sql = ("SELECT unix_millis(window.start) AS window_start_ms, count(*) AS n FROM events "
+           "GROUP BY window(timestamp, '2 seconds')")
+    load = _background_load(kafka_bootstrap, t.source, 4000, rate=300, seed=25)
+    d = spark_driver(t.config(tmp_path, sql=sql, watermark={"column": "timestamp", "delay": "3 seconds"}))
+    d.wait_running()
+    _wait_for_output(kafka_bootstrap, t.sink, 2, timeout=90)  # windows are being closed
+    time.sleep(1.0)
+    d.kill()
+    d.start()
+    d.wait_running()
+    _join_load(load)
+    # Move the watermark past the last real window: one event far in the future.
+    p = Producer({"bootstrap.servers": kafka_bootstrap})
+    p.produce(t.source, key=b"flush", value=json.dumps({"id": "flush"}).encode(),
+              timestamp=int(time.time() * 1000) + 600_000, partition=0)
+    p.flush(10)
+
+    expected = Counter()
+    for m in TopicReader(kafka_bootstrap).read(t.source):
+        if m.key() != b"flush":
+            expected[m.timestamp()[1] // 2000 * 2000] += 1
+    assert sum(expected.values()) == 4000
+
+    def got():
+        return [json.loads(m.value()) for m in TopicReader(kafka_bootstrap).read(t.sink)]
+
+    deadline = time.monotonic() + 120
+    rows = got()
+    while time.monotonic() < deadline and {r["window_start_ms"] for r in rows} != set(expected):
+        time.sleep(2)
+        rows = got()
+    windows = Counter(r["window_start_ms"] for r in rows)
+    assert max(windows.values()) == 1, "a window was emitted twice"
+    assert {r["window_start_ms"]: r["n"] for r in rows} == dict(expected)
+    state = list((tmp_path / "checkpoint" / "state").rglob("*.zip")) + \
+        list((tmp_path / "checkpoint" / "state").rglob("*.changelog"))
+    assert state, "no RocksDB state store files in the checkpoint"
+
+
+# ------------------------------------------------------------ on the control plane
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.k8s
+def test_spark_application_runs_on_the_control_plane(kafka_bootstrap, spark_runner, kube_api,
+                                                     k8s_namespace, tmp_path):
+    """The operator's SparkApplication, run by the test runner: SUBMITTED -> RUNNING, output
+    arrives; a bad config ends FAILING with the reason in errorMessage."""
+    from kubernetes import client
+
+    from eopipe.control.builders import spark
+    from eopipe.core.names import Names
+
+    base = example_names()
+    t = Topics(kafka_bootstrap)
+    run_load(kafka_bootstrap, t.source, 800, dup_ratio=0.0, seed=26)
+    spec = base.spec.model_copy(update={
+        "kafka": base.spec.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
+        "sink": base.spec.sink.model_copy(update={"kafka": base.spec.sink.kafka.model_copy(update={"topic": t.sink})}),
+    })
+    names = Names(k8s_namespace, "payments", spec)
+    app = spark.spark_application(names, "eopipe-spark:dev")
+    # The checkpoint claim as the operator makes it, bound to a hostPath PV as the node agent's
+    # provisioner would: the runner mounts it at the checkpoint path, which it never rewrites.
+    from eopipe.control.builders import checkpoint
+    from localenv.nodeagent.volumes import pv_for_claim
+
+    core = client.CoreV1Api(kube_api)
+    pvc = core.create_namespaced_persistent_volume_claim(k8s_namespace, checkpoint.claim(names))
+    pv = pv_for_claim(kube_api.sanitize_for_serialization(pvc), str(tmp_path / "claim"))
+    try:
+        core.create_persistent_volume(pv)
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
+        # A node agent running in this session provisioned the claim first (same PV name).
+        pv = kube_api.sanitize_for_serialization(core.read_persistent_volume(pv["metadata"]["name"]))
+    claim_dir = Path(pv["spec"]["hostPath"]["path"])
+    # The topics the operator would have made: point the config at this test's topics.
+    conf = json.loads(app["spec"]["arguments"][1])
+    conf.update(source_topic=t.source, sink={"kind": "kafka", "topic": t.sink, "commit_topic": t.commits})
+    app["spec"]["arguments"][1] = json.dumps(conf)
+    api = client.CustomObjectsApi(kube_api)
+    api.create_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", k8s_namespace, "sparkapplications", app)
+
+    def state():
+        obj = api.get_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", k8s_namespace,
+                                               "sparkapplications", app["metadata"]["name"])
+        return ((obj.get("status") or {}).get("applicationState") or {})
+
+    seen = set()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and state().get("state") != "RUNNING":
+        seen.add(state().get("state"))
+        time.sleep(0.5)
+    assert state().get("state") == "RUNNING", (state(), spark_runner.tail())
+    _wait_for_output(kafka_bootstrap, t.sink, 800, timeout=90)
+    rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, settle=3, timeout=60)
+    assert rep.ok, rep.line()
+    assert conf["checkpoint_location"] == "/var/lib/eopipe/checkpoints/payments"
+    assert list((claim_dir / "checkpoints" / "payments" / "offsets").iterdir()), "no checkpoint on the claim"
+
+    # A spec change with a bad trigger: the runner resubmits, the driver exits 2, the status
+    # says why (the operator turns it into ProcessingReady=False, SparkFailed).
+    conf["trigger"] = "whenever"
+    patch = {"spec": {"arguments": ["--config-json", json.dumps(conf)]}}
+    api.patch_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", k8s_namespace,
+                                       "sparkapplications", app["metadata"]["name"], patch)
+    deadline = time.monotonic() + 90
+    failing = {}
+    while time.monotonic() < deadline:
+        failing = state()
+        if failing.get("state") in ("FAILING", "PENDING_RERUN", "FAILED"):
+            break
+        time.sleep(0.5)
+    assert failing.get("state") in ("FAILING", "PENDING_RERUN", "FAILED"), failing
+    assert "exit status 2" in failing.get("errorMessage", "") and "trigger" in failing["errorMessage"]
+    api.delete_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", k8s_namespace,
+                                        "sparkapplications", app["metadata"]["name"])

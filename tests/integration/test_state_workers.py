@@ -1,0 +1,67 @@
+"""The state endpoints' bearer token with real workers (docs/design.md#access-control): a handoff
+by snapshot between two workers that share the pipeline's token, the served snapshot refused
+without the token and given with it, a new owner with a wrong token rebuilding instead, and a
+worker with no token refusing its state endpoints unless told it may serve them open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from eopipe.core.assignment import Assignment
+from tests.helpers.rebalance import running_at, wait_until, write_assignment
+
+pytestmark = pytest.mark.kafka
+
+
+def test_state_endpoints_need_the_token(pipe):
+    path = pipe.tmp / "assignment.json"
+    write_assignment(path, Assignment(1, {0: "pod-a", 1: "pod-a", 2: "pod-a"}, partition_count=3))
+    a = pipe.worker(path, state="a", extra=["--pod-name", "pod-a"]).start().wait_ready()
+    b = pipe.worker(path, state="b", extra=["--pod-name", "pod-b"]).start().wait_ready()
+    c = pipe.worker(path, state="c", extra=["--pod-name", "pod-c"],
+                    env={"EOPIPE_TOKEN": "not-the-pipelines-token"}).start().wait_ready()
+    stats = pipe.load(3000, dup_ratio=0.3, seed=31)
+    pipe.wait_drained()
+    url = f"http://127.0.0.1:{a.port}"
+    write_assignment(path, Assignment(2, {0: "pod-a", 1: "pod-b", 2: "pod-c"}, partition_count=3,
+                                      handoffs={p: {"from": "pod-a", "url": url} for p in (1, 2)}))
+    # The same token: the snapshot moves.
+    part = wait_until(lambda: running_at(b, 1, 2), what="partition 1 at pod-b")
+    assert part["migration"]["method"] == "snapshot" and part["migration"]["bytes"] > 0, part
+    # A wrong token: 401 is final, so the new owner rebuilds at once (not after the handoff timeout).
+    part = wait_until(lambda: running_at(c, 2, 2), what="partition 2 at pod-c", timeout=60)
+    assert part["migration"]["method"] == "rebuild" and "HTTP 401" in part["migration"]["reason"], part
+
+    # The released snapshot of partition 1, as served until the handoff is finalized.
+    snap = "/snapshots/1?generation=2"
+    released = wait_until(lambda: a.status()["released"].get("1"), what="snapshot served")
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {pipe.token}"},
+                    {"Authorization": f"Bearer {pipe.token[:-1]}"}):
+        code, body = a.get(snap, headers)
+        assert code == 401 and b"unauthorized" in body, (headers, code, body)
+    assert a.get("/reshard/1/0/1")[0] == 401
+    code, body = a.get(snap, {"Authorization": f"Bearer {pipe.token}"})
+    assert code == 200 and len(body) == released["bytes"] > 0
+    assert hashlib.sha256(body).hexdigest() == released["sha256"]
+    # Probes, Prometheus and the operator's /status need no token.
+    for open_path in ("/healthz", "/readyz", "/metrics", "/status"):
+        assert a.get(open_path)[0] == 200, open_path
+
+    # No token at all: the state endpoints are refused, unless explicitly served open.
+    d = pipe.worker(path, state="d", extra=["--pod-name", "pod-d"], env={"EOPIPE_TOKEN": None}).start().wait_ready()
+    code, body = d.get("/snapshots/0?generation=2")
+    assert code == 403 and b"no token" in body
+    assert d.get("/status")[0] == 200
+    e = pipe.worker(path, state="e", extra=["--pod-name", "pod-e", "--insecure-state-endpoints"],
+                    env={"EOPIPE_TOKEN": None}).start().wait_ready()
+    assert e.get("/snapshots/0?generation=2")[0] == 404  # open: nothing released here
+    assert any("no token" in (doc.get("msg") or "") for doc in e.logs())
+
+    write_assignment(path, Assignment(3, {0: "pod-a", 1: "pod-b", 2: "pod-c"}, partition_count=3))
+    for w in (a, b, c, d, e):
+        assert w.terminate() == 0
+    rep = pipe.verify()
+    assert rep.lost == 0 and rep.duplicated == 0 and rep.out == stats["unique"], rep.line()

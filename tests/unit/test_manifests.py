@@ -1,0 +1,155 @@
+"""`eopipe validate` says what the API server would say about a manifest; `eopipe render` prints
+what the operator would apply for it. (Against the real API server and operator:
+tests/integration/test_admission.py and tests/e2e/test_operator.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eopipe.control.builders.pipeline import objects
+from eopipe.control.builders.topics import desired_topics
+from eopipe.control.settings import Settings
+from eopipe.core import manifest
+from eopipe.core.assignment import Assignment, assign
+from eopipe.core.names import MAX_PIPELINE_NAME, Names
+from eopipe.core.spec import IMMUTABLE, WINDOW_MESSAGE, PipelineSpec, immutable_changes
+from tests.helpers.manifests import EXAMPLES, changed, example
+
+ROOT = Path(__file__).resolve().parents[2]
+EOPIPE = [sys.executable, "-m", "eopipe.tools.cli"]
+
+
+def eopipe(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*EOPIPE, *args], capture_output=True, text=True, input=input, timeout=60, cwd=ROOT)
+
+
+def broken(doc: dict, path: str, value) -> dict:
+    return changed(doc, **{path: value})
+
+
+def test_validate_passes_the_examples():
+    res = eopipe("validate", *sorted(str(p.relative_to(ROOT)) for p in EXAMPLES.glob("*.yaml")))
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = res.stdout.splitlines()
+    assert "examples/payments.yaml: ExactlyOncePipeline/payments: valid" in lines
+    assert "examples/minimal.yaml: ExactlyOncePipeline/minimal: valid" in lines
+    assert "examples/argocd-application.yaml: Application/eopipe-operator: skipped, not an ExactlyOncePipeline" \
+        in lines
+
+
+LONG = "p" * (MAX_PIPELINE_NAME + 1)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    ("spec.dedup", {"window": "200h"}, f"spec: Invalid value: {WINDOW_MESSAGE}"),
+    ("spec.source.topic", "bad topic!",
+     "spec.source.topic: Invalid value: \"bad topic!\": spec.source.topic in body should match "
+     "'^[a-zA-Z0-9._-]{1,249}$'"),
+    ("spec.source.partitions", None, "spec.source.partitions: Required value"),
+    ("spec.source.partitions", 0,
+     "spec.source.partitions: Invalid value: 0: spec.source.partitions in body should be greater than or equal to 1"),
+    ("spec.source.partitions", "4",
+     'spec.source.partitions: Invalid value: "string": spec.source.partitions in body must be of type integer: '
+     '"string"'),
+    ("spec.source.partitioner", "fnv",
+     'spec.source.partitioner: Unsupported value: "fnv": supported values: "murmur2", "crc32"'),
+    ("spec.dedup", {"key": {"from": "header"}},
+     "spec.dedup.key: Invalid value: dedup.key.name is required when from is header or jsonField"),
+    ("spec.surprise", 1, 'unknown field "spec.surprise"'),
+    ("metadata.name", LONG, f"metadata: Invalid value: metadata.name may have at most {MAX_PIPELINE_NAME} characters"),
+    ("metadata.name", "2fast", "metadata: Invalid value: metadata.name must start with a letter"),
+    ("metadata.name", None, "metadata.name: Required value: name or generateName is required"),
+    ("metadata.name", "Bad_Name", 'metadata.name: Invalid value: "Bad_Name": a lowercase RFC 1123 subdomain'),
+    ("apiVersion", "eopipe.dev/v1", 'no matches for kind "ExactlyOncePipeline" in version "eopipe.dev/v1"'),
+])
+def test_validate_says_what_the_api_server_says(tmp_path, path, value, message):
+    f = tmp_path / "pipeline.yaml"
+    f.write_text(yaml.safe_dump(broken(example(), path, value)))
+    res = eopipe("validate", str(f))
+    assert res.returncode == 1, res.stdout + res.stderr
+    name = value if path == "metadata.name" and value else "minimal" if path != "metadata.name" else "(document 1)"
+    assert any(line.startswith(f"{f}: ExactlyOncePipeline/{name}: {message}") for line in res.stdout.splitlines()), \
+        res.stdout
+
+
+def test_validate_reads_stdin_and_every_document():
+    text = "\n---\n".join(yaml.safe_dump(d) for d in [
+        example(), {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}},
+        broken(example("payments.yaml"), "spec.dedup.window", "200h")])
+    res = eopipe("validate", "-", input=text)
+    assert res.returncode == 1
+    assert res.stdout.splitlines() == [
+        "<stdin>: ExactlyOncePipeline/minimal: valid",
+        "<stdin>: ConfigMap/x: skipped, not an ExactlyOncePipeline",
+        f"<stdin>: ExactlyOncePipeline/payments: spec: Invalid value: {WINDOW_MESSAGE}"]
+
+
+def test_immutable_changes_say_how_to_migrate():
+    old = PipelineSpec.model_validate(example("payments.yaml")["spec"])
+    assert immutable_changes(old, old) == []
+    assert immutable_changes(old, old.model_copy(update={"source": old.source.model_copy(
+        update={"partitions": 16})})) == []
+    new = PipelineSpec.model_validate(broken(example("payments.yaml"), "spec.dedup.key", {"from": "header", "name": "id"})
+                                      ["spec"])
+    assert immutable_changes(old, new) == [IMMUTABLE[("dedup", "key")]]
+    for path, message in IMMUTABLE.items():
+        assert message.startswith(".".join(path) + " is immutable: ") and "create a new pipeline" in message
+
+
+def _docs(res: subprocess.CompletedProcess) -> list[dict]:
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d is not None]
+
+
+def test_render_prints_what_the_operator_applies():
+    docs = _docs(eopipe("render", "examples/payments.yaml", "--namespace", "team-a",
+                        "--image", "reg/eopipe:1", "--spark-image", "reg/spark:1"))
+    assert [d["kind"] for d in docs] == [
+        "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "PodDisruptionBudget", "StatefulSet",
+        "ServiceAccount", "Role", "RoleBinding", "SparkApplication", "KafkaTopics"]
+    assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
+    # The operator's own builders, with the assignment its first pass publishes.
+    names = Names("team-a", "payments", PipelineSpec.model_validate(example("payments.yaml")["spec"]))
+    first = Assignment(1, assign(8, ["payments-dedup-0", "payments-dedup-1"]), partition_count=8)
+    assert docs[:-1] == objects(names, Settings(image="reg/eopipe:1", spark_image="reg/spark:1"), first, 2)
+    assert json.loads(docs[0]["data"]["assignment.json"])["generation"] == 1
+    sts, app = docs[6], docs[10]
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/eopipe:1"
+    assert app["spec"]["image"] == "reg/spark:1"
+    topics = docs[-1]["topics"]
+    assert [(t["name"], t["partitions"], t["replicationFactor"], t["config"]) for t in topics] == \
+        [(t.name, t.partitions, t.replication_factor, t.config) for t in desired_topics(names)]
+
+
+def test_render_a_dedup_only_and_a_paused_pipeline(tmp_path):
+    docs = _docs(eopipe("render", "examples/minimal.yaml"))
+    assert "SparkApplication" not in {d["kind"] for d in docs}
+    assert docs[0]["metadata"]["namespace"] == "default"
+    f = tmp_path / "paused.yaml"
+    f.write_text(yaml.safe_dump(broken(example(), "spec.paused", True)))
+    sts = next(d for d in _docs(eopipe("render", str(f))) if d["kind"] == "StatefulSet")
+    assert sts["spec"]["replicas"] == 0
+
+
+def test_render_refuses_an_invalid_manifest(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text(yaml.safe_dump(broken(example("payments.yaml"), "spec.dedup.window", "200h")))
+    res = eopipe("render", str(f))
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr == f"{f}: ExactlyOncePipeline/payments: spec: Invalid value: {WINDOW_MESSAGE}\n"
+
+
+def test_problems_of_a_document():
+    with pytest.raises(manifest.Invalid) as e:
+        manifest.parse(broken(broken(example(), "spec.source.partitions", 0), "metadata.name", LONG))
+    # As the API server: a schema error means no CEL rule (the name's length) was evaluated.
+    assert e.value.problems == ["spec.source.partitions: Invalid value: 0: spec.source.partitions in body "
+                                "should be greater than or equal to 1"]
+    p = manifest.parse(broken(example(), "metadata.namespace", "team-a"))
+    assert (p.name, p.namespace, p.spec.source.partitions) == ("minimal", "team-a", 4)

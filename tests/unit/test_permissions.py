@@ -1,0 +1,129 @@
+"""The operator's API access table (control/permissions.py) is exactly what the code does:
+every kubernetes client call in control/ and core/ (resource and verb read from the client's
+own request path and method), every kind the builders make (applied server-side: get, create,
+patch), and Kopf's declared needs. The chart is checked against the same table in
+tests/integration/test_chart.py."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+from functools import cache
+from pathlib import Path
+
+import kubernetes.client.api as kapi
+import pytest
+
+from eopipe.control import permissions
+from eopipe.control.permissions import API_ACCESS, APPLY, CREATED_NOT_APPLIED, KOPF, OWN
+
+PKG = Path(__file__).resolve().parents[2] / "operator" / "eopipe"
+SCANNED = sorted([*(PKG / "control").rglob("*.py"), *(PKG / "core").rglob("*.py")])
+CUSTOM = ("eopipe.dev", "exactlyoncepipelines")  # the only custom resource the code calls (RESOURCE)
+
+
+@cache
+def client_methods() -> dict[str, tuple[str, str]]:
+    """kubernetes client method name -> (request path, HTTP method)."""
+    out = {}
+    for _, cls in inspect.getmembers(kapi, inspect.isclass):
+        for name, fn in inspect.getmembers(cls, inspect.isfunction):
+            if not name.endswith("_with_http_info"):
+                continue
+            m = re.search(r"call_api\(\s*'([^']+)',\s*'(\w+)'", inspect.getsource(fn))
+            if m:
+                out[name.removesuffix("_with_http_info")] = (m.group(1), m.group(2))
+    return out
+
+
+def access_of(path: str, method: str) -> tuple[str, str, str]:
+    """(group, resource[/subresource], verb) of a request, as RBAC authorizes it."""
+    parts = path.strip("/").split("/")
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    resource, named = rest[0], len(rest) > 1 and rest[1] == "{name}"
+    if named and len(rest) > 2:
+        resource = f"{resource}/{rest[2]}"
+    if (group, rest[0]) == ("{group}", "{plural}"):
+        resource = "/".join([CUSTOM[1], *resource.split("/")[1:]])
+        group = CUSTOM[0]
+    verb = {"GET": "get" if named else "list", "POST": "create", "PUT": "update", "PATCH": "patch",
+            "DELETE": "delete" if named else "deletecollection"}[method]
+    return group, resource, verb
+
+
+def client_calls() -> set[tuple[str, str, str, str]]:
+    """(group, resource, verb, where) of every kubernetes client call in the scanned code."""
+    methods = client_methods()
+    found = set()
+    for path in SCANNED:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods:
+                found.add((*access_of(*methods[node.func.attr]), f"{path.relative_to(PKG)}:{node.lineno}"))
+    return found
+
+
+def built_kinds() -> set[tuple[str, str]]:
+    """(group, plural) of every object a builder makes: dicts with a constant apiVersion and kind."""
+    found = set()
+    for path in sorted((PKG / "control" / "builders").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Dict):
+                continue
+            consts = {k.value: v.value for k, v in zip(node.keys, node.values)
+                      if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+            if isinstance(consts.get("apiVersion"), str) and isinstance(consts.get("kind"), str):
+                group = consts["apiVersion"].rpartition("/")[0]
+                kind = consts["kind"].lower()
+                found.add((group, kind[:-1] + "ies" if kind.endswith("y") else kind + "s"))
+    return found
+
+
+def derived() -> set[tuple[str, str, str]]:
+    out = {(g, r, v) for g, r, v, _ in client_calls()}
+    out |= {(g, r, v) for g, r in built_kinds() - CREATED_NOT_APPLIED for v in APPLY}
+    out |= {(a.group, a.resource, v) for a in KOPF for v in a.verbs}
+    return out
+
+
+def declared() -> set[tuple[str, str, str]]:
+    return {(a.group, a.resource, v) for a in API_ACCESS for v in a.verbs}
+
+
+@pytest.mark.parametrize("path, method, want", [
+    ("/api/v1/namespaces/{namespace}/secrets/{name}", "GET", ("", "secrets", "get")),
+    ("/api/v1/namespaces/{namespace}/pods", "GET", ("", "pods", "list")),
+    ("/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}", "PUT",
+     ("coordination.k8s.io", "leases", "update")),
+    ("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/status", "PATCH",
+     ("eopipe.dev", "exactlyoncepipelines/status", "patch")),
+    ("/apis/{group}/{version}/{plural}", "GET", ("eopipe.dev", "exactlyoncepipelines", "list")),
+    ("/api/v1/namespaces/{namespace}/pods", "DELETE", ("", "pods", "deletecollection")),
+])
+def test_request_to_rbac(path, method, want):
+    assert access_of(path, method) == want
+
+
+def test_the_scan_sees_the_calls_it_must():
+    calls = {(g, r, v) for g, r, v, _ in client_calls()}
+    assert {("coordination.k8s.io", "leases", "update"), ("", "pods", "list"),
+            ("eopipe.dev", "exactlyoncepipelines/status", "patch")} <= calls
+    assert {("apps", "statefulsets"), ("rbac.authorization.k8s.io", "roles")} <= built_kinds()
+
+
+def test_every_access_of_the_code_is_declared():
+    missing = {(g, r, v, where) for g, r, v, where in client_calls() if (g, r, v) not in declared()}
+    missing |= {(g, r, v, "builders (applied)") for g, r in built_kinds() - CREATED_NOT_APPLIED
+                for v in APPLY if (g, r, v) not in declared()}
+    assert not missing, f"add to control/permissions.py (and the chart's RBAC): {sorted(missing)}"
+
+
+def test_nothing_is_declared_that_the_code_does_not_do():
+    assert declared() <= derived(), sorted(declared() - derived())
+
+
+def test_leases_are_the_operators_own_namespace_only():
+    assert permissions.granted(OWN) == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
+    assert all(a.resource != "leases" for a in API_ACCESS if a.scope != OWN)
