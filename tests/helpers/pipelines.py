@@ -58,10 +58,18 @@ def unique_topic(name: str, ns: str) -> str:
 
 
 def topic_config(admin, topic: str, key: str) -> str | None:
+    """The topic's value for key; None also while the broker does not know the topic yet (a
+    create returns once the controller has it; the broker learns it from metadata a moment later)."""
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import ConfigResource
 
     res = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    entry = admin.describe_configs([res])[res].result(30).get(key)
+    try:
+        entry = admin.describe_configs([res])[res].result(30).get(key)
+    except KafkaException as e:
+        if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            raise
+        return None
     return None if entry is None else entry.value
 
 
