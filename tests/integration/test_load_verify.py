@@ -71,15 +71,16 @@ def test_verify_counts_lost_duplicated_and_aborted(kafka_bootstrap):
             unique.setdefault(m.key(), m.value())
     records = list(unique.items())
 
+    # The copier keeps no partitions (its producer picks them): no order to check.
     _copy(kafka_bootstrap, records, ok_out, abort_extra=records[:10])
-    rep = verify(kafka_bootstrap, src, ok_out, key_spec=KeySpec(), settle=1)
+    rep = verify(kafka_bootstrap, src, ok_out, key_spec=KeySpec(), settle=1, order=False)
     assert rep.ok, rep.line()
     assert (rep.unique_in, rep.out, rep.lost, rep.duplicated) == (len(records), len(records), 0, 0)
     assert rep.malformed_in == 3 and rep.aborted_reads == 10
 
     # Drop two keys, duplicate three: verify must see exactly that.
     _copy(kafka_bootstrap, records[2:] + records[10:13], bad_out)
-    rep = verify(kafka_bootstrap, src, bad_out, key_spec=KeySpec.parse("json:id"), settle=1)
+    rep = verify(kafka_bootstrap, src, bad_out, key_spec=KeySpec.parse("json:id"), settle=1, order=False)
     assert not rep.ok
     assert (rep.lost, rep.duplicated) == (2, 3)
     assert sorted(rep.examples["lost"]) == sorted(k.decode() for k, _ in records[:2])
@@ -146,3 +147,33 @@ def test_an_open_transaction_makes_verify_incomplete(kafka_bootstrap):
     assert res.stderr.startswith(f"eopipe verify: incomplete after 8s: {src} was not read to its end: partition 0 "), \
         res.stderr
     assert "open transaction" in res.stderr, res.stderr
+
+
+def test_verify_sees_a_partition_out_of_its_source_order(kafka_bootstrap):
+    """The dedup stage keeps each source partition's order: an output holding every key once but
+    with two records of a partition swapped fails (exit status 1), unless --no-order."""
+    src, in_order, swapped = _topics(kafka_bootstrap, 2, 2, 2)
+    run_load(kafka_bootstrap, src, 200, dup_ratio=0.2, seed=4)
+    firsts: dict[bytes, tuple[int, bytes]] = {}
+    for m in TopicReader(kafka_bootstrap).read(src):
+        firsts.setdefault(m.key(), (m.partition(), m.value()))
+    records = [(p, k, v) for k, (p, v) in firsts.items()]  # source order within each partition
+    zero = [i for i, (p, _, _) in enumerate(records) if p == 0]
+    bad = list(records)
+    bad[zero[3]], bad[zero[4]] = bad[zero[4]], bad[zero[3]]
+    for topic, recs in ((in_order, records), (swapped, bad)):
+        pr = Producer({"bootstrap.servers": kafka_bootstrap})
+        for p, k, v in recs:
+            pr.produce(topic, key=k, value=v, partition=p)
+        pr.flush(30)
+
+    rep = verify(kafka_bootstrap, src, in_order, key_spec=KeySpec(), settle=1)
+    assert rep.ok and rep.out_of_order == 0, rep.line()
+    rep = verify(kafka_bootstrap, src, swapped, key_spec=KeySpec(), settle=1)
+    assert (rep.lost, rep.duplicated, rep.out_of_order, rep.ok) == (0, 0, 1, False), rep.line()
+    assert rep.examples["out_of_order"] == [records[zero[3]][1].decode()]
+
+    eopipe = [sys.executable, "-m", "eopipe.tools.cli", "verify", "--bootstrap", kafka_bootstrap,
+              "--source", src, "--output", swapped, "--settle", "1"]
+    assert subprocess.run(eopipe, capture_output=True).returncode == 1
+    assert subprocess.run(eopipe + ["--no-order"], capture_output=True).returncode == 0

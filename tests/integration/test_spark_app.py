@@ -226,7 +226,7 @@ def test_sql_and_python_transform_to_kafka_exactly_once(kafka_bootstrap, spark_d
     d = spark_driver(t.config(tmp_path, sql=sql, transform="spark_app.examples:amount_in_major_units"))
     d.wait_running()
     _wait_for_output(kafka_bootstrap, t.sink, stats["unique"], timeout=120)
-    rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, settle=3, timeout=120)
+    rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, order=False, settle=3, timeout=120)
     assert rep.ok and rep.lost == 0 and rep.duplicated == 0, rep.line()
     assert rep.unique_in == 1500 and rep.malformed_in == 4  # poison filtered by the SQL
     for m in TopicReader(kafka_bootstrap).read(t.sink):
@@ -362,7 +362,7 @@ def test_driver_sigkill_mid_batch_repeatedly_then_replay_of_a_committed_batch(
     assert (ck / "commits" / str(last)).exists(), "the replayed batch did not complete"
     assert f"batch {last} task" in d.log_text() and "replay, marker holds this batch, skipped" in d.log_text()
 
-    rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, settle=5, timeout=180)
+    rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, order=False, settle=5, timeout=180)
     assert rep.ok and rep.lost == 0 and rep.duplicated == 0, rep.line()
     assert rep.unique_in == 6000
     assert rep.aborted_reads > 0  # the killed transactions were really there, and aborted
@@ -382,7 +382,7 @@ def test_broker_restart_during_a_run(kafka, kafka_bootstrap, spark_driver, tmp_p
         _wait_for_output(kafka_bootstrap, t.sink, 500, timeout=90)
         kafka.restart(kill=True, down_seconds=5)
         stats = _join_load(load, timeout=180)
-        rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, settle=30, timeout=240)
+        rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, order=False, settle=30, timeout=240)
     finally:
         sup.stop()
     assert rep.ok and rep.lost == 0 and rep.duplicated == 0, f"{rep.line()} restarts={sup.exit_codes}"
@@ -491,7 +491,7 @@ def test_spark_application_runs_on_the_control_plane(kafka_bootstrap, spark_runn
         time.sleep(0.5)
     assert state().get("state") == "RUNNING", (state(), spark_runner.tail())
     _wait_for_output(kafka_bootstrap, t.sink, 800, timeout=90)
-    rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, settle=3, timeout=60)
+    rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, order=False, settle=3, timeout=60)
     assert rep.ok, rep.line()
     assert conf["checkpoint_location"] == "/var/lib/eopipe/checkpoints/payments"
     assert list((claim_dir / "checkpoints" / "payments" / "offsets").iterdir()), "no checkpoint on the claim"
@@ -510,6 +510,8 @@ def test_spark_application_runs_on_the_control_plane(kafka_bootstrap, spark_runn
             break
         time.sleep(0.5)
     assert failing.get("state") in ("FAILING", "PENDING_RERUN", "FAILED"), failing
-    assert "exit status 2" in failing.get("errorMessage", "") and "trigger" in failing["errorMessage"]
+    # As the Kubeflow operator words it, then (the stand-in only) the driver's termination log.
+    assert failing.get("errorMessage", "").startswith("driver container failed with ExitCode: 2, Reason: Error: ")
+    assert "trigger" in failing["errorMessage"]
     api.delete_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", k8s_namespace,
                                         "sparkapplications", app["metadata"]["name"])

@@ -14,9 +14,9 @@ from eopipe.core.keys import KeySpec
 from eopipe.dedup.cli import add_parser as add_dedup
 
 VERIFY_EPILOG = """exit status:
-  0  exactly once: nothing lost, nothing duplicated, nothing unexpected (and, with --dlq,
-     every malformed source record dead-lettered)
-  1  keys lost, duplicated or unexpected (or malformed records missing from --dlq)
+  0  exactly once: nothing lost, nothing duplicated, nothing unexpected, each partition in its
+     source order (and, with --dlq, every malformed source record dead-lettered)
+  1  keys lost, duplicated, unexpected or out of order (or malformed records missing from --dlq)
   2  usage error
   3  incomplete: no verdict within --timeout (Kafka unreachable, a topic missing, a read held
      back by an open transaction); one line on stderr says what"""
@@ -59,7 +59,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         rep = verify(args.bootstrap, args.source, args.output, key_spec=args.key,
                      output_key_spec=args.output_key, dlq_topic=args.dlq, settle=args.settle,
-                     timeout=args.timeout)
+                     timeout=args.timeout, order=args.order)
     except Incomplete as e:
         print(f"eopipe verify: incomplete after {args.timeout:g}s: {e}", file=sys.stderr)
         return 3
@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--timeout", type=cliargs.seconds, default=300.0,
                      help="seconds for the whole run, Kafka metadata included; past it, exit status 3 "
                           "(default 300)")
+    ver.add_argument("--no-order", dest="order", action="store_false",
+                     help="do not check order within partitions (for an output that promises none, "
+                          "such as a Spark sink)")
     ver.add_argument("--json", action="store_true", help="print the report as JSON")
     ver.set_defaults(func=cmd_verify)
 

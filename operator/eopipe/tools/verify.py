@@ -7,6 +7,10 @@ key has arrived or no new record came for `settle` seconds, and compares:
   lost          source keys missing from the output
   duplicated    keys present more than once in the output
   unexpected    output keys that never were in the source
+  out_of_order  output records placed before a record whose key came earlier in the
+                same-numbered source partition (a key keeps its partition, so the dedup stage
+                keeps each source partition's order); not checked with order=False, for
+                outputs that promise no order (a Spark sink)
   malformed_in  source records without a usable key; dead_lettered counts the DLQ
   aborted_reads output records written by aborted transactions (visible read_uncommitted only)
 
@@ -64,6 +68,7 @@ class Report:
     lost: int = 0
     duplicated: int = 0
     unexpected: int = 0
+    out_of_order: int | None = None
     malformed_in: int = 0
     dead_lettered: int | None = None
     aborted_reads: int | None = None
@@ -72,12 +77,15 @@ class Report:
     @property
     def ok(self) -> bool:
         dlq_ok = self.dead_lettered is None or self.dead_lettered >= self.malformed_in
-        return self.lost == 0 and self.duplicated == 0 and self.unexpected == 0 and dlq_ok
+        return (self.lost == 0 and self.duplicated == 0 and self.unexpected == 0 and not self.out_of_order
+                and dlq_ok)
 
     def line(self) -> str:
         s = (f"verify: unique_in={self.unique_in} out={self.out} lost={self.lost} "
              f"duplicated={self.duplicated} unexpected={self.unexpected} "
              f"malformed_in={self.malformed_in}")
+        if self.out_of_order is not None:
+            s += f" out_of_order={self.out_of_order}"
         if self.dead_lettered is not None:
             s += f" dead_lettered={self.dead_lettered}"
         if self.aborted_reads is not None:
@@ -232,29 +240,57 @@ def wait_for_group(bootstrap: str, group: str, topic: str, timeout: float, stop=
     return time.monotonic() - t0
 
 
+class OrderCheck:
+    """Order within a partition: walking an output partition, the source offsets of its keys'
+    first occurrences in the same-numbered source partition must only grow. Keys that did not
+    come through that source partition (written there by no one) are not ordered against it."""
+
+    def __init__(self, first: dict[tuple[int, bytes], int]):
+        self._first = first
+        self._last: dict[int, int] = {}
+        self.violations = 0
+        self.examples: list[bytes] = []
+
+    def see(self, partition: int, key: bytes) -> None:
+        at = self._first.get((partition, key))
+        if at is None:
+            return
+        if at < self._last.get(partition, -1):
+            self.violations += 1
+            if len(self.examples) < 5:
+                self.examples.append(key)
+        else:
+            self._last[partition] = at
+
+
 def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: KeySpec,
            output_key_spec: KeySpec | None = None, dlq_topic: str | None = None,
            settle: float = 10.0, timeout: float = 300.0, count_aborted: bool = True,
-           max_examples: int = 5) -> Report:
+           order: bool = True, max_examples: int = 5) -> Report:
     rep = Report()
     deadline = time.monotonic() + timeout
     reader = TopicReader(bootstrap)
     source: set[bytes] = set()
+    first: dict[tuple[int, bytes], int] = {}  # (partition, key) -> the key's first offset there
     for m in reader.read(source_topic, deadline=deadline, settled=True):
         try:
-            source.add(extract(key_spec, m.key(), m.value(), m.headers()))
+            k = extract(key_spec, m.key(), m.value(), m.headers())
         except MalformedRecord:
             rep.malformed_in += 1
+            continue
+        source.add(k)
+        first.setdefault((m.partition(), k), m.offset())
     rep.unique_in = len(source)
 
     out_spec = output_key_spec or key_spec
     counts: Counter[bytes] = Counter()
     missing = set(source)
 
-    def add(m) -> None:
+    def add(m) -> bytes:
         k = extract(out_spec, m.key(), m.value(), m.headers())
         counts[k] += 1
         missing.discard(k)
+        return k
 
     # The pipeline may still be draining: wait until all keys arrived or output went quiet.
     for m in reader.read(output_topic, until_end=False, settle=settle, deadline=deadline,
@@ -263,16 +299,18 @@ def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: Ke
     # Then read on to the end, so duplicates that trail the last new key are seen too.
     counts.clear()
     missing = set(source)
+    check_order, order = order, OrderCheck(first if order else {})
     for m in reader.read(output_topic, deadline=deadline, settled=True):
-        add(m)
+        order.see(m.partition(), add(m))
+    rep.out_of_order = order.violations if check_order else None
     rep.out = sum(counts.values())
     lost = missing
     dups = [k for k, n in counts.items() if n > 1]
     unexpected = [k for k in counts if k not in source]
     rep.lost, rep.duplicated, rep.unexpected = len(lost), len(dups), len(unexpected)
     rep.examples = {name: [k.decode(errors="replace") for k in list(keys)[:max_examples]]
-                    for name, keys in (("lost", lost), ("duplicated", dups), ("unexpected", unexpected))
-                    if keys}
+                    for name, keys in (("lost", lost), ("duplicated", dups), ("unexpected", unexpected),
+                                       ("out_of_order", order.examples)) if keys}
     if dlq_topic:
         rep.dead_lettered = sum(1 for _ in reader.read(dlq_topic, deadline=deadline))
     if count_aborted:
