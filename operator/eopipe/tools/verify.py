@@ -9,8 +9,8 @@ key has arrived or no new record came for `settle` seconds, and compares:
   unexpected    output keys that never were in the source
   out_of_order  output records placed before a record whose key came earlier in the
                 same-numbered source partition (a key keeps its partition, so the dedup stage
-                keeps each source partition's order); not checked with order=False, for
-                outputs that promise no order (a Spark sink)
+                keeps each source partition's order); checked only where that is promised:
+                output and source with as many partitions, and not order=False (a Spark sink)
   malformed_in  source records without a usable key; dead_lettered counts the DLQ
   aborted_reads output records written by aborted transactions (visible read_uncommitted only)
 
@@ -103,6 +103,7 @@ class TopicReader:
         self._conf = {"bootstrap.servers": bootstrap, "group.id": f"eopipe-verify-{uuid.uuid4().hex}",
                       "enable.auto.commit": False, "isolation.level": isolation,
                       "enable.partition.eof": True, "logger": _KAFKA_LOG, **(config or {})}
+        self.partitions: dict[str, int] = {}  # topic -> partition count, of the topics read
 
     def read(self, topic: str, *, until_end: bool = True, settle: float = 5.0,
              timeout: float = 120.0, stop=None, deadline: float | None = None, settled: bool = False):
@@ -170,6 +171,7 @@ class TopicReader:
                 if md.error:
                     raise KafkaException(md.error)
                 tps = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(md.partitions)]
+                self.partitions[topic] = len(tps)
                 return tps, self._ends(c, tps, left, settled)
             except KafkaException as e:
                 if not transient(e) or time.monotonic() + 1 >= deadline:
@@ -302,7 +304,8 @@ def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: Ke
     check_order, order = order, OrderCheck(first if order else {})
     for m in reader.read(output_topic, deadline=deadline, settled=True):
         order.see(m.partition(), add(m))
-    rep.out_of_order = order.violations if check_order else None
+    if check_order and reader.partitions[output_topic] == reader.partitions[source_topic]:
+        rep.out_of_order = order.violations
     rep.out = sum(counts.values())
     lost = missing
     dups = [k for k, n in counts.items() if n > 1]
