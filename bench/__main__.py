@@ -1,4 +1,5 @@
-"""`make bench`: the benchmarks side by side on one broker, in one run, as one table.
+"""`make bench`: the benchmarks side by side on one broker (the recovery step starts one of its
+own, which it kills), in one run, as one table.
 
 Steps (each module's docstring says exactly what it measures):
   dedup_vs_copy  dedup worker (exactly-once) vs a plain at-least-once copier: records/s, ratio;
@@ -6,16 +7,20 @@ Steps (each module's docstring says exactly what it measures):
                  Spark dropDuplicatesWithinWatermark, its duplicates after a driver SIGKILL) as
                  ratios against eopipe. --peers runs this table alone; --quick leaves the peers out
   latency        Spark stage end to end, produce -> exactly-once Kafka sink: p50/p99
-  recovery       dedup worker SIGKILLed under steady load, 1M keys: time to commit again
+  recovery       dedup worker (1M keys) under steady load, on a broker of its own behind toxiproxy:
+                 time until the lag is back to steady after a worker SIGKILL, a broker SIGKILL, a
+                 network partition past the transaction timeout (healed) and a worker SIGSTOP;
+                 median and max of 3 rounds each, against targets (10, 30, 30 s); output verified
   migration      handoff of a 1M-key partition: snapshot vs rebuild pause, MB/s
   memory         RSS of one dedup worker with 1M and 10M keys in its store
 
 Prints the detail table of each step, then one combined table (stdout; progress goes to
 stderr); writes the combined table and the details as JSON and a plot as PNG. Absolute
 numbers drift on a shared 2-core machine; compare the rows of one run. The full run takes
-3.5 to 6 minutes on 2 cores (0.5 to 2 of them pre-building the 10M-key store; the disk peaks
-near 0.5 GB under .work/bench, removed after), plus about 5 for the peers (--peers alone: 5.4
-min); --quick is a smoke run with small sizes and no peers (~1.5 min).
+8 to 14 minutes on 2 cores (0.5 to 2 of them pre-building the 10M-key store, 5 to 8 the
+recovery faults; the disk peaks near 0.5 GB under .work/bench, removed after), plus about 5
+for the peers (--peers alone: 5.4 min); --quick is a smoke run with small sizes, no peers and
+one round of two fault classes, worker kill and partition (~2.5 min, ~6 on a busy machine).
 
     python -m bench [--quick] [--peers | --no-peers] [--skip latency,...] [--bootstrap HOST:PORT] [--json FILE] [--png FILE]
 """
@@ -35,13 +40,18 @@ import traceback
 from pathlib import Path
 
 from bench.common import REPO, broker, say
+from bench.recovery_summary import FAULTS, parse_faults
 
 STEPS = ("dedup_vs_copy", "latency", "recovery", "migration", "memory")
 FULL = {"records": 200_000, "rounds": 2, "latency_seconds": 20.0, "rates": "100,1000",
-        "recovery_keys": 1_000_000, "recovery_rate": 2000.0, "kills": 3, "keys": 1_000_000,
+        "recovery_keys": 1_000_000, "recovery_rate": 2000.0, "kills": 3, "recovery_steady": 5.0,
+        "recovery_faults": "worker_kill,broker_kill,partition,worker_pause", "keys": 1_000_000,
         "memory_sizes": "1000000,10000000", "memory_load": 20_000}
 QUICK = {"records": 20_000, "rounds": 1, "latency_seconds": 4.0, "rates": "100,1000",
-         "recovery_keys": 50_000, "recovery_rate": 1000.0, "kills": 1, "keys": 20_000,
+         "recovery_keys": 50_000, "recovery_rate": 1000.0, "kills": 1, "recovery_steady": 2.0,
+         # the broker kill is left out of the smoke run: it costs a broker restart (20-35 s on a
+         # busy 2-core machine) on top of the fault broker's start; --recovery-faults adds it
+         "recovery_faults": "worker_kill,partition", "keys": 20_000,
          "memory_sizes": "20000,100000", "memory_load": 5_000}
 
 
@@ -64,8 +74,9 @@ def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[st
                                                      rounds=opts.rounds, progress=say, peers=opts.peers),
         "latency": lambda: latency.bench(bootstrap, work / "latency", rates=rates, seconds=opts.latency_seconds,
                                          progress=say),
-        "recovery": lambda: recovery.bench(bootstrap, work, keys=opts.recovery_keys, rate=opts.recovery_rate,
-                                           kills=opts.kills, progress=say),
+        "recovery": lambda: recovery.bench(work / "recovery", keys=opts.recovery_keys, rate=opts.recovery_rate,
+                                           kills=opts.kills, steady=opts.recovery_steady,
+                                           faults=parse_faults(opts.recovery_faults), progress=say),
         "migration": lambda: migration.bench(bootstrap, work / "migration", keys=opts.keys, progress=say),
         "memory": lambda: memory.bench(bootstrap, work, sizes=[int(s) for s in opts.memory_sizes.split(",")],
                                        load=opts.memory_load, progress=say),
@@ -135,12 +146,24 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
             lambda r, i=i: r[i]["p50_ms"])
         row("latency", f"latency_p99_ms_{rate}", f"end-to-end latency p99 at {rate}/s", "ms", notes,
             lambda r, i=i: r[i]["p99_ms"])
-    rec_notes = (f"{_count(opts.recovery_keys)} keys, {opts.recovery_rate:.0f} records/s, "
-                 f"median of {opts.kills} kill{'s' if opts.kills > 1 else ''}")
-    row("recovery", "recovery_first_commit_s", "recovery after SIGKILL: first commit", "s", rec_notes,
-        lambda r: r["first_commit_s"])
-    row("recovery", "recovery_caught_up_s", "recovery after SIGKILL: lag back to steady", "s", rec_notes,
-        lambda r: r["caught_up_s"])
+    rec_notes = (f"lag back to steady after the fault ends; {_count(opts.recovery_keys)} keys, "
+                 f"{opts.recovery_rate:.0f}/s, {opts.kills} round{'s' if opts.kills > 1 else ''}")
+    for name in parse_faults(opts.recovery_faults):
+        fault = FAULTS[name]
+
+        def rec_row(r, name=name):
+            return next((x for x in r["rows"] if x["fault"] == name), None)
+        max_notes = "no target" if fault.target_s is None else f"target < {fault.target_s:.0f} s"
+        try:
+            got = rec_row(results["recovery"])
+            max_notes += (("" if fault.target_s is None else f": {got['verdict']}")
+                          + f"; from the fault's start {got['caught_up_from_start_max_s']:.1f} s")
+        except (KeyError, TypeError):
+            pass
+        row("recovery", f"recovery_{name}_s", f"recovery after {fault.label}, median", "s", rec_notes,
+            lambda r, f=rec_row: f(r)["caught_up_median_s"])
+        row("recovery", f"recovery_{name}_max_s", f"recovery after {fault.label}, max", "s", max_notes,
+            lambda r, f=rec_row: f(r)["caught_up_max_s"])
     mig_notes = f"1 partition, {_count(opts.keys)} keys"
     row("migration", "handoff_pause_snapshot_s", "handoff pause, snapshot transfer", "s", mig_notes,
         lambda r: r[0]["pause_s"])
@@ -220,10 +243,17 @@ def plot(results: dict, rows: list[dict], path: Path, title: str) -> None:
     ax.set_title("end-to-end latency, Spark exactly-once sink (trigger 1s)", fontsize=11)
 
     ax = axes[0][2]
-    bars(ax, ["first commit", "lag back to steady"],
-         [val.get("recovery_first_commit_s"), val.get("recovery_caught_up_s")], "seconds after SIGKILL",
-         "recovery after SIGKILL" + (f" ({_count(results['recovery']['keys'])} keys)"
-                                     if results.get("recovery") else ""), ["#d62728", "#ff9896"], "{:.2f} s")
+    rec = [(f, val.get(f"recovery_{f.name}_s"), val.get(f"recovery_{f.name}_max_s")) for f in FAULTS.values()
+           if f"recovery_{f.name}_s" in val]
+    bars(ax, [f.label.replace(" ", "\n", 1) for f, _, _ in rec], [m for _, m, _ in rec],
+         "seconds after the fault's end", "recovery: median, max (x), target (-)"
+         + (f", {_count(results['recovery']['keys'])} keys" if results.get("recovery") else ""),
+         ["#d62728"] * len(rec), "{:.1f} s")
+    for i, (f, _, top) in enumerate(rec):
+        if top is not None:
+            ax.plot([i], [top], "kx")
+        if f.target_s is not None:
+            ax.plot([i - 0.4, i + 0.4], [f.target_s] * 2, color="#555555", linestyle="--", linewidth=1)
 
     ax = axes[1][0]
     bars(ax, ["snapshot transfer", "rebuild from source"],
@@ -268,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-seconds", type=float, help=f"latency: seconds per rate ({FULL['latency_seconds']})")
     ap.add_argument("--recovery-keys", type=int, help=f"recovery: keys in the store ({FULL['recovery_keys']})")
     ap.add_argument("--recovery-rate", type=float, help=f"recovery: load, records/s ({FULL['recovery_rate']})")
-    ap.add_argument("--kills", type=int, help=f"recovery: SIGKILL rounds ({FULL['kills']})")
+    ap.add_argument("--kills", type=int, help=f"recovery: rounds per fault class ({FULL['kills']})")
+    ap.add_argument("--recovery-steady", type=float,
+                    help=f"recovery: seconds of steady load before each fault ({FULL['recovery_steady']})")
+    ap.add_argument("--recovery-faults", help=f"recovery: fault classes, comma separated ({FULL['recovery_faults']})")
     ap.add_argument("--keys", type=int, help=f"migration: keys in the handed-off partition ({FULL['keys']})")
     ap.add_argument("--memory-sizes", help=f"memory: keys per run, comma separated ({FULL['memory_sizes']})")
     ap.add_argument("--memory-load", type=int, help=f"memory: records processed per size ({FULL['memory_load']})")
@@ -280,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in (QUICK if args.quick else FULL).items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    try:
+        parse_faults(args.recovery_faults)
+    except ValueError as e:
+        ap.error(f"--recovery-faults: {e}")
     skip = {s for s in args.skip.split(",") if s}
     if skip - set(STEPS):
         ap.error(f"unknown steps in --skip: {','.join(sorted(skip - set(STEPS)))}")

@@ -106,21 +106,26 @@ def broker(workdir: Path, bootstrap: str | None = None):
         b.stop()
 
 
-def standalone(prog: str, doc: str, options, table, argv, run) -> int:
+def standalone(prog: str, doc: str, options, table, argv, run, needs_broker: bool = True) -> int:
     """main() of one benchmark run alone (`python -m <prog>`): its `options(parser)` plus
     --bootstrap and --json, a fresh local broker unless --bootstrap, then its table.
-    `run(bootstrap, workdir, args)` returns the result; workdir is removed after a success."""
+    `run(bootstrap, workdir, args)` returns the result; workdir is removed after a success.
+    A benchmark that starts a broker of its own (`needs_broker=False`) gets bootstrap None."""
     ap = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     options(ap)
-    ap.add_argument("--bootstrap", help="an existing broker (default: start the local test broker)")
+    if needs_broker:
+        ap.add_argument("--bootstrap", help="an existing broker (default: start the local test broker)")
     ap.add_argument("--json", type=Path, help="also write the result as JSON here")
     args = ap.parse_args(argv)
     work = REPO / ".work" / "bench" / f"{prog.rsplit('.', 1)[-1]}-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)
     try:
-        with broker(work / "kafka", args.bootstrap) as bootstrap:
-            result = run(bootstrap, work, args)
+        if not needs_broker:
+            result = run(None, work, args)
+        else:
+            with broker(work / "kafka", args.bootstrap) as bootstrap:
+                result = run(bootstrap, work, args)
     except BaseException:
         say(f"work files kept in {work}")
         raise
@@ -135,7 +140,7 @@ class Worker:
     """`python -m eopipe.dedup` following an assignment file, as a dedup pod runs it."""
 
     def __init__(self, name: str, bootstrap: str, topics: tuple[str, str, str], assignment: Path, work: Path,
-                 pipeline: str, memory_mb: int = 256):
+                 pipeline: str, memory_mb: int = 256, extra: tuple[str, ...] = ()):
         self.name, self.port = name, free_port()
         self.state = work / f"state-{name}"
         self.log = work / f"{name}.log"
@@ -143,7 +148,7 @@ class Worker:
         self.cmd = [python(), "-m", "eopipe.dedup", "--bootstrap", bootstrap, "--source-topic", src,
                     "--output-topic", out, "--dlq-topic", dlq, "--pipeline", pipeline, "--namespace", "bench",
                     "--assignment-file", str(assignment), "--pod-name", name, "--state-dir", str(self.state),
-                    "--http-port", str(self.port), "--memory-mb", str(memory_mb), "--window", "24h"]
+                    "--http-port", str(self.port), "--memory-mb", str(memory_mb), "--window", "24h", *extra]
         self.group = consumer_group("bench", pipeline)
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -222,14 +227,16 @@ class GroupLag:
         self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
                            "isolation.level": "read_committed"})
 
-    def committed(self) -> int:
-        return self.c.committed([self.tp], timeout=10)[0].offset
+    def committed(self, timeout: float = 10) -> int:
+        return self.c.committed([self.tp], timeout=timeout)[0].offset
 
-    def lag(self) -> tuple[int, int]:
+    def high(self, timeout: float = 10) -> int:
+        return self.c.get_watermark_offsets(self.tp, timeout=timeout, cached=False)[1]
+
+    def lag(self, timeout: float = 10) -> tuple[int, int]:
         """(committed offset, high watermark - committed)."""
-        committed = self.committed()
-        hi = self.c.get_watermark_offsets(self.tp, timeout=10, cached=False)[1]
-        return committed, hi - max(committed, 0)
+        committed = self.committed(timeout)
+        return committed, self.high(timeout) - max(committed, 0)
 
     def close(self) -> None:
         self.c.close()

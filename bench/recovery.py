@@ -1,39 +1,61 @@
-"""Recovery time of a dedup worker after SIGKILL, under steady load, holding `keys` keys.
+"""Recovery time of a dedup worker per fault class, under steady load, holding `keys` keys.
 
-Setup: a 1-partition source topic; the worker (`python -m eopipe.dedup`, as a dedup pod runs
-it) owns partition 0 and starts on a store pre-built with `keys` keys (default 1,000,000)
-through eopipe.dedup.store's API (bench.common.prebuild_store; the worker trusts it: its
-recovery must say "none", checked). A paced producer sends `rate` records/s (default 2000)
-for the whole run: new events, 10% resends of recent ones, 10% re-sends of pre-built keys.
+Setup: a broker of the step's own, which it kills, with the worker reaching it through
+toxiproxy (bench/faults.py says how, and what each fault does); a 1-partition source topic;
+the worker (`python -m eopipe.dedup`, as a dedup pod runs it, `--transaction-timeout` 8 s)
+owns partition 0 and starts on a store pre-built with `keys` keys (default 1,000,000) through
+eopipe.dedup.store's API (bench.common.prebuild_store; the worker trusts it: its recovery
+must say "none", checked). A paced producer sends `rate` records/s (default 2000) for the
+whole run: new events and 10% resends of recent ones (no re-sends of pre-built keys: they
+never reach the output, and the run ends in an exact count of it).
 
-Each round: `steady` seconds of processing, sampling the group's lag (source high watermark
-minus the dedup group's committed offset, both read from Kafka every 50 ms); then SIGKILL
-of the worker at t0, and at once (when the kernel reaped it) the same command again, same
-state directory (a pod restart without the kubelet's back-off). Then, polling Kafka every
-20 ms:
-  first commit  t - t0 where t is the first sample whose committed offset is above the one
-                committed before the kill (read 0.25 s after t0, before the new process can
-                have committed: it needs ~0.7 s to import alone). The worker commits source
-                offsets inside the transaction that writes its output, so this is the first
-                new exactly-once output becoming visible.
-  caught up     t - t0 where t is the first sample after that with lag at or below the p95
-                of the lag during the steady phase: back to what it was.
-The worker's own recovery (init_transactions fencing the killed producer, store open, replay
-of the offsets committed in Kafka but not yet applied to RocksDB) is read from its /status.
-Rounds are repeated `kills` times; the medians are reported.
+Fault classes (--faults, default all), each `kills` rounds (default 3):
+  worker_kill   worker SIGKILL, restarted at once               target: recovered in < 10 s
+  broker_kill   broker SIGKILL, restarted once fenced            target: < 30 s
+  partition     worker <-> broker blackholed past the worker's
+                transaction timeout, then healed                 target: < 30 s
+  worker_pause  worker SIGSTOP past its transaction timeout,
+                then SIGCONT                                     no target
+Each round: `steady` seconds (default 5) of processing, sampling the group's lag (source high watermark
+minus the dedup group's committed offset, both read from Kafka every 50 ms); the source's end
+is read, then the fault runs from its start to its end (the restart done, the heal). Then,
+polling Kafka every 20 ms, from the fault's end:
+  first commit  the first sample whose committed offset is past the source's end at the
+                fault's start: the worker committed records produced after the fault began
+                (not a transaction in flight at the fault that the broker completed). The
+                worker commits source offsets inside the transaction that writes its output,
+                so this is the first new exactly-once output becoming visible.
+  caught up     the first sample after that with lag at or below the p95 of the lag during
+                the steady phase: back to what it was. The verdict is on this, from the
+                fault's end: the slowest round of a class must be under its target.
+Both are also shown from the fault's start (plus the time the fault was held). Under the
+table, per class, the worker's own warnings during its recoveries (from its log), with the
+times its watchdog had to end a transactional call counted apart. After the last round the
+load stops, the worker drains, and `eopipe verify` (an independent reader) counts the output:
+lost and duplicated must be 0, else the step fails.
 
-    python -m bench.recovery [--keys N] [--rate R] [--kills K] [--bootstrap HOST:PORT]
+    python -m bench.recovery [--keys N] [--rate R] [--kills K] [--steady S] [--faults a,b]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
+from confluent_kafka import KafkaException
+
+from bench import recovery_summary as summary
 from bench.common import GroupLag, Load, Setup, Worker, percentile, prebuild_store, say, single_owner, standalone, wait
+from bench.faults import ACTIONS, FaultBroker
+
+TRANSACTION_TIMEOUT = 8.0   # the worker's; a partition or a pause lasts 2 s longer
+ROUND_TIMEOUT = 120.0       # seconds after a fault's end without recovering: the step fails
 
 
 def check_trusted(part: dict, keys: int) -> None:
@@ -45,99 +67,188 @@ def check_trusted(part: dict, keys: int) -> None:
                            f"{found} keys of {keys}")
 
 
-def _round(w: Worker, lag: GroupLag, steady: float, timeout: float = 300) -> dict:
+def _sample(lag: GroupLag) -> tuple[int, int] | None:
+    """(committed, lag), or None while the broker cannot answer (restarting, coordinator loading)."""
+    try:
+        return lag.lag(timeout=2)
+    except KafkaException:
+        return None
+
+
+def _steady(lag: GroupLag, seconds: float) -> float:
+    """The p95 of the lag over `seconds` of undisturbed processing (at least 1)."""
     samples = []
-    end = time.monotonic() + steady
+    end = time.monotonic() + seconds
     while time.monotonic() < end:
-        samples.append(lag.lag()[1])
+        s = _sample(lag)
+        if s is not None:
+            samples.append(s[1])
         time.sleep(0.05)
-    threshold = max(1.0, percentile(sorted(samples), 0.95))
+    return max(1.0, percentile(sorted(samples), 0.95))
+
+
+def _round(env: FaultBroker, w: Worker, lag: GroupLag, fault: str, steady: float, hold: float) -> dict:
+    threshold = _steady(lag, steady)
+    start_end = lag.high()  # the source's end at the fault's start
+    mark = w.log.stat().st_size
     t0 = time.monotonic()
-    w.kill()
-    w.start()
-    time.sleep(0.25)
-    base = lag.committed()
+    ACTIONS[fault](env, w, hold)
+    t1 = time.monotonic()
     first = caught = None
     peak = 0
     while caught is None:
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError(f"not caught up {timeout:.0f}s after the kill; see {w.log}")
+        if time.monotonic() - t1 > ROUND_TIMEOUT:
+            raise TimeoutError(f"{fault}: not caught up {ROUND_TIMEOUT:.0f}s after the fault's end; see {w.log}")
         if w.proc.poll() is not None:
-            raise RuntimeError(f"restarted worker exited with {w.proc.returncode}; see {w.log}")
-        committed, behind = lag.lag()
-        now = time.monotonic() - t0
-        peak = max(peak, behind)
-        if first is None and committed > base:
-            first = now
-        if first is not None and behind <= threshold:
-            caught = now
+            raise RuntimeError(f"{fault}: the worker exited with {w.proc.returncode}; see {w.log}")
+        s = _sample(lag)
+        now = time.monotonic() - t1
+        if s is not None:
+            committed, behind = s
+            peak = max(peak, behind)
+            if first is None and committed > start_end:
+                first = now
+            if first is not None and behind <= threshold:
+                caught = now
         time.sleep(0.02)
-    part = wait(lambda: w.running(0, 1), 60, "restarted worker running")
-    rec = part.get("recovery") or {}
-    return {"first_commit_s": first, "caught_up_s": caught, "steady_lag_p95": threshold, "peak_lag": peak,
-            "worker_recovery_s": rec.get("recovery_seconds"), "action": rec.get("recovery"),
-            "replayed": rec.get("replayed", 0)}
+    r = {"fault": fault, "held_s": t1 - t0, "first_commit_s": first, "caught_up_s": caught,
+         "steady_lag_p95": threshold, "peak_lag": peak, "worker_said": _worker_said(w.log, mark)}
+    if fault == "worker_kill":  # the new process's own account of its recovery
+        rec = wait(lambda: w.running(0, 1), 60, "restarted worker running").get("recovery") or {}
+        r.update(worker_recovery_s=rec.get("recovery_seconds"), action=rec.get("recovery"),
+                 replayed=rec.get("replayed", 0))
+    return r
 
 
-def bench(bootstrap: str, workdir: Path, keys: int = 1_000_000, rate: float = 2000, kills: int = 3,
-          steady: float = 8, progress=say) -> dict:
-    run = Setup(bootstrap, workdir, "recovery", "rec")
-    topics, work = run.topics, run.work
-    progress(f"recovery: pre-building a store with {keys:,} keys")
-    build_s = prebuild_store(work / "state-r", keys, progress)
-    path = work / "assignment.json"
-    single_owner(path, "r")
-    load = Load(bootstrap, topics[0], rate, old_keys=keys)
-    w = Worker("r", bootstrap, topics, path, work, run.pipeline)
-    lag = GroupLag(bootstrap, w.group, topics[0])
-    rounds = []
+def _worker_said(log: Path, since: int) -> dict[str, int]:
+    """The worker's own warnings and errors since byte `since` of its log, counted by message:
+    how it recovered (e.g. a stalled transaction replaced after a timeout or a fencing error,
+    or after the watchdog gave up on a call: counted apart)."""
+    said: Counter[str] = Counter()
+    with open(log, "rb") as f:
+        f.seek(since)
+        for line in f:
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if str(d.get("logger", "")).startswith("eopipe") and d.get("level") in ("warning", "error", "critical"):
+                said[str(d.get("msg"))] += 1
+                if b"did not return within" in line:  # the watchdog's words (dedup/txn.py)
+                    said["the watchdog ended a call"] += 1
+    return dict(said)
+
+
+def _verify(bootstrap: str, topics: tuple[str, str, str], group: str) -> dict:
+    from eopipe.core.keys import KeySpec
+    from eopipe.tools.verify import verify, wait_for_group
+
+    wait_for_group(bootstrap, group, topics[0], 180)
+    rep = verify(bootstrap, topics[0], topics[1], key_spec=KeySpec.parse("json:id"), settle=2, timeout=300)
+    doc = {k: getattr(rep, k, None)
+           for k in ("unique_in", "out", "lost", "duplicated", "unexpected", "out_of_order", "aborted_reads")}
+    if not rep.ok:
+        raise RuntimeError(f"output not exactly-once after the faults: {rep.line()} {rep.examples}")
+    return doc
+
+
+def bench(workdir: Path, keys: int = 1_000_000, rate: float = 2000, kills: int = 3, steady: float = 5,
+          faults: list[str] | None = None, transaction_timeout: float = TRANSACTION_TIMEOUT,
+          progress=say) -> dict:
+    faults = faults or list(summary.FAULTS)
+    hold = transaction_timeout + 2
+    env = FaultBroker(workdir / "fault-broker")
+    rounds: list[dict] = []
     try:
-        check_trusted(wait(lambda: w.running(0, 1), 300, "worker running"), keys)
-        load.start()
-        time.sleep(1)
-        wait(lambda: lag.lag()[1] <= rate / 2, 120, "worker keeping up with the load")
-        for k in range(kills):
-            progress(f"recovery: round {k + 1}/{kills}: {steady:.0f}s steady at {rate:.0f} records/s, then SIGKILL")
-            rounds.append(_round(w, lag, steady))
-            progress(f"recovery: {rounds[-1]}")
-    finally:
-        lag.close()
+        progress("recovery: starting a broker of its own behind toxiproxy")
+        env.start()
+        run = Setup(env.bootstrap, workdir, "recovery", "rec")
+        topics, work = run.topics, run.work
+        progress(f"recovery: pre-building a store with {keys:,} keys")
+        build_s = prebuild_store(work / "state-r", keys, progress)
+        path = work / "assignment.json"
+        single_owner(path, "r")
+        load = Load(env.bootstrap, topics[0], rate)
+        w = Worker("r", env.worker_bootstrap, topics, path, work, run.pipeline,
+                   extra=("--transaction-timeout", f"{transaction_timeout:g}"))
+        lag = GroupLag(env.bootstrap, w.group, topics[0])
         try:
-            if load.ident is not None:  # started
-                load.stop()
+            check_trusted(wait(lambda: w.running(0, 1), 300, "worker running"), keys)
+            load.start()
+            time.sleep(1)
+            wait(lambda: lag.lag()[1] <= rate / 2, 120, "worker keeping up with the load")
+            for fault in faults:
+                for k in range(kills):
+                    progress(f"recovery: {fault} {k + 1}/{kills}: {steady:.0f}s steady at {rate:.0f} records/s, "
+                             "then the fault")
+                    rounds.append(_round(env, w, lag, fault, steady, hold))
+                    progress(f"recovery: {rounds[-1]}")
+            load.stop()
+            progress("recovery: load stopped; draining, then eopipe verify")
+            checked = _verify(env.bootstrap, topics, w.group)
         finally:
-            w.stop()
-            shutil.rmtree(work / "state-r", ignore_errors=True)
-
-    def med(k):
-        return statistics.median(r[k] for r in rounds)
-    return {"keys": keys, "rate": rate, "kills": kills, "store_build_s": build_s,
-            "first_commit_s": med("first_commit_s"), "caught_up_s": med("caught_up_s"),
-            "worker_recovery_s": med("worker_recovery_s"),
-            "first_commit_max_s": max(r["first_commit_s"] for r in rounds),
-            "caught_up_max_s": max(r["caught_up_s"] for r in rounds), "rounds": rounds}
+            lag.close()
+            try:
+                if load.ident is not None and load.is_alive():
+                    load.stop()
+            finally:
+                w.stop()
+                shutil.rmtree(work / "state-r", ignore_errors=True)
+    finally:
+        env.stop()
+    rows = summary.summarize(rounds)
+    kills_r = [r for r in rounds if r["fault"] == "worker_kill"]
+    return {"keys": keys, "rate": rate, "kills": kills, "steady_s": steady, "faults": faults,
+            "transaction_timeout_s": transaction_timeout, "hold_s": hold, "store_build_s": build_s,
+            "worker_recovery_s": statistics.median(r["worker_recovery_s"] for r in kills_r) if kills_r else None,
+            "rows": rows, "passed": summary.passed(rows), "verify": checked, "sent": load.sent, "rounds": rounds}
 
 
 def table(res: dict) -> str:
-    head = (f"{'SIGKILL, ' + format(res['keys'], ',') + ' keys':<28}{'first commit s':>15}{'caught up s':>12}"
-            f"{'worker s':>10}{'peak lag':>10}  recovery")
-    lines = [head, "-" * len(head)]
-    for i, r in enumerate(res["rounds"], 1):
-        lines.append(f"{'kill ' + str(i):<28}{r['first_commit_s']:>15.2f}{r['caught_up_s']:>12.2f}"
-                     f"{r['worker_recovery_s']:>10.2f}{r['peak_lag']:>10,}  {r['action']} ({r['replayed']} replayed)")
-    lines.append(f"{'median':<28}{res['first_commit_s']:>15.2f}{res['caught_up_s']:>12.2f}"
-                 f"{res['worker_recovery_s']:>10.2f}")
-    lines.append(f"load {res['rate']:.0f} records/s; worker s = its own recovery (fence, open store, replay)")
+    v = res["verify"]
+    lines = [f"recovery per fault class, {res['keys']:,} keys, {res['rate']:.0f} records/s "
+             f"(seconds from the fault's end unless 'from start')", summary.table(res["rows"])]
+    lines.append(f"transaction timeout {res['transaction_timeout_s']:g} s; partition and pause held "
+                 f"{res['hold_s']:g} s; caught up = lag back to the steady p95")
+    if res.get("worker_recovery_s") is not None:
+        lines.append(f"worker SIGKILL: the worker's own recovery (fence, open store, replay) median "
+                     f"{res['worker_recovery_s']:.2f} s")
+    for row in res["rows"]:
+        said: Counter[str] = Counter()
+        for r in res["rounds"]:
+            if r["fault"] == row["fault"]:
+                said.update(r.get("worker_said") or {})
+        told = "; ".join(f"{m[:48]} ({n})" for m, n in said.most_common(3)) or "nothing"
+        lines.append(f"{row['label']}: the worker warned {told}")
+    lines.append(f"eopipe verify after the last round: {v['out']:,} keys out of {v['unique_in']:,}, "
+                 f"lost {v['lost']}, duplicated {v['duplicated']}, unexpected {v['unexpected']}"
+                 + ("" if v.get("out_of_order") is None else f", out of order {v['out_of_order']}"))
     return "\n".join(lines)
+
+
+def fault_list(text: str) -> list[str]:
+    """argparse type of --faults: a wrong name is a usage error, not a traceback."""
+    try:
+        return summary.parse_faults(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     def options(ap):
         ap.add_argument("--keys", type=int, default=1_000_000, help="keys in the worker's store (default 1000000)")
         ap.add_argument("--rate", type=float, default=2000, help="steady load, records/s (default 2000)")
-        ap.add_argument("--kills", type=int, default=3, help="SIGKILL rounds (default 3)")
-    return standalone("bench.recovery", __doc__, options, table, argv, lambda bootstrap, work, a: bench(
-        bootstrap, work, keys=a.keys, rate=a.rate, kills=a.kills))
+        ap.add_argument("--kills", type=int, default=3, help="rounds per fault class (default 3)")
+        ap.add_argument("--steady", type=float, default=5, help="seconds of steady load before each fault (default 5)")
+        ap.add_argument("--faults", type=fault_list, default=list(summary.FAULTS),
+                        help=f"fault classes, comma separated (default {','.join(summary.FAULTS)})")
+        ap.add_argument("--transaction-timeout", type=float, default=TRANSACTION_TIMEOUT,
+                        help=f"the worker's transaction timeout, s (default {TRANSACTION_TIMEOUT:g})")
+
+    def run(_bootstrap, work, a):
+        return bench(work, keys=a.keys, rate=a.rate, kills=a.kills, steady=a.steady,
+                     faults=a.faults, transaction_timeout=a.transaction_timeout)
+    return standalone("bench.recovery", __doc__, options, table, argv, run, needs_broker=False)
 
 
 if __name__ == "__main__":

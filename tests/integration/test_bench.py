@@ -1,6 +1,6 @@
 """`make bench` end to end in its quick mode, on the real broker and real Spark: every metric of
 the combined table has a finite, positive value in the JSON, and the plot is a PNG. Its recovery
-step starts a broker of its own (it kills it): about a minute of the run's ~3 on a busy machine."""
+step starts a broker of its own behind toxiproxy: a worker kill and a network partition."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(520)]
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(660)]
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -28,8 +28,6 @@ EXPECTED = {
     "latency_p99_ms_1000": "ms",
     "recovery_worker_kill_s": "s",
     "recovery_worker_kill_max_s": "s",
-    "recovery_broker_kill_s": "s",
-    "recovery_broker_kill_max_s": "s",
     "recovery_partition_s": "s",
     "recovery_partition_max_s": "s",
     "handoff_pause_snapshot_s": "s",
@@ -44,7 +42,7 @@ def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--bootstrap", kafka_bootstrap,
                            "--json", str(out_json), "--png", str(out_png)],
-                          cwd=REPO, capture_output=True, text=True, timeout=480, check=False)
+                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
 
     doc = json.loads(out_json.read_text())
@@ -61,13 +59,13 @@ def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
     # Recovery: one round per quick fault class, each judged against its target, and the output
     # of the whole fault sequence counted by eopipe verify.
     rec = doc["details"]["recovery"]
-    assert [r["fault"] for r in rec["rows"]] == ["worker_kill", "broker_kill", "partition"]
+    assert [r["fault"] for r in rec["rows"]] == ["worker_kill", "partition"]
     for r in rec["rows"]:
         assert rows[f"recovery_{r['fault']}_s"]["value"] <= rows[f"recovery_{r['fault']}_max_s"]["value"] < 120
         assert 0 <= r["first_commit_max_s"] <= r["caught_up_max_s"] < r["caught_up_from_start_max_s"]
         assert r["verdict"] == ("pass" if r["caught_up_max_s"] < r["target_s"] else "FAIL")
         assert r["verdict"] in rows[f"recovery_{r['fault']}_max_s"]["notes"]
-    assert rec["rows"][2]["held_s"] > rec["transaction_timeout_s"]  # the partition outlasted it
+    assert rec["rows"][1]["held_s"] > rec["transaction_timeout_s"]  # the partition outlasted it
     v = rec["verify"]
     assert (v["lost"], v["duplicated"], v["unexpected"]) == (0, 0, 0) and v["out"] == v["unique_in"] > 1000
     assert 10 < rows["memory_peak_rss_mb_20k"]["value"] < 4096
