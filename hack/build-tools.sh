@@ -2,16 +2,20 @@
 # Builds the chart tooling from the Go module proxy (nothing else is reachable): helm
 # (helm.sh/helm/v3), kubeconform (github.com/yannh/kubeconform) and promtool (the alert
 # rules' checker and unit-test runner, github.com/prometheus/prometheus) and toxiproxy (the TCP
-# fault proxy of the Kafka network fault tests, github.com/Shopify/toxiproxy/v2), pinned below.
+# fault proxy of the Kafka network fault tests, github.com/Shopify/toxiproxy/v2), pinned below,
+# and argocd-health (hack/argocd-health: argocd/health.lua run by Argo CD's own code, its module
+# pinned in hack/argocd-health/go.mod).
 #
-# Idempotent: each tool lands in $EOPIPE_CACHE/tools-<name>-<version>/bin/<name>; when it is
-# there already the script does nothing for it. A binary is linked under a temporary name and
-# renamed into place, so an interrupted build never leaves something that counts as cached.
+# Idempotent: each tool lands in $EOPIPE_CACHE/tools-<name>-<version>/bin/<name> (for
+# argocd-health the version is a hash of hack/argocd-health/, so an edit there rebuilds it);
+# when it is there already the script does nothing for it. A binary is linked under a
+# temporary name and renamed into place, so an interrupted build never leaves something that
+# counts as cached.
 # One go build at a time (the machines are small). Prints the bin directories on stdout (one
-# per line, in the order asked: helm, kubeconform, promtool, toxiproxy by default), progress on
-# stderr.
+# per line, in the order asked: helm, kubeconform, promtool, toxiproxy, argocd-health by
+# default), progress on stderr.
 #
-# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy ...]   (default: all four)
+# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy|argocd-health ...]   (default: all five)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 HELM_VERSION="${HELM_VERSION:-v3.21.4}"
@@ -28,8 +32,16 @@ tool_version() {
     kubeconform) echo "$KUBECONFORM_VERSION" ;;
     promtool) echo "$PROMTOOL_VERSION" ;;
     toxiproxy) echo "$TOXIPROXY_VERSION" ;;
-    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy)" >&2; exit 2 ;;
+    argocd-health) echo "src-$(source_hash "$REPO_ROOT/hack/argocd-health")" ;;
+    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy, argocd-health)" >&2; exit 2 ;;
   esac
+}
+
+# source_hash DIR: a hash of the Go sources and module files under DIR (names and contents),
+# the cache key of a tool built from this repository.
+source_hash() {
+  (cd "$1" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 |
+    LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
 }
 
 tool_package() {
@@ -40,6 +52,7 @@ tool_package() {
     # The server only (its HTTP API is driven by localenv/toxiproxy.py); the binary is named
     # after its package directory, so it is renamed to toxiproxy below.
     toxiproxy) echo "github.com/Shopify/toxiproxy/v2/cmd/server" ;;
+    argocd-health) echo "./hack/argocd-health" ;;
   esac
 }
 
@@ -72,6 +85,7 @@ tool_ldflags() {
       ;;
     kubeconform) echo "-s -w -X main.version=$KUBECONFORM_VERSION" ;;
     toxiproxy) echo "-s -w -X github.com/Shopify/toxiproxy/v2.Version=$TOXIPROXY_VERSION" ;;
+    argocd-health) echo "-s -w" ;;
     promtool)
       # `promtool --version` shows the release (v0.316.0 -> 3.16.0), as Prometheus's .promu.yml stamps it.
       local minor patch release
@@ -101,10 +115,17 @@ build_tool() {
   t=$SECONDS
   local ldflags
   ldflags="$(tool_ldflags "$name")"
-  # `go install pkg@version` builds in module mode from the module's own go.mod/go.sum
-  # (checked against the checksum database), independent of this repository.
-  GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS="-buildvcs=false" \
-    go install -trimpath -tags "$(tool_tags "$name")" -ldflags "$ldflags" "$pkg@$version"
+  if [[ "$pkg" == ./* ]]; then
+    # A module of this repository: built from its own go.mod/go.sum, which must be complete
+    # (-mod=readonly: a go.mod that needs `go mod tidy` fails here, not silently changes).
+    (cd "$REPO_ROOT/$pkg" && CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly" \
+      go build -trimpath -ldflags "$ldflags" -o "$tmp/$name" .)
+  else
+    # `go install pkg@version` builds in module mode from the module's own go.mod/go.sum
+    # (checked against the checksum database), independent of this repository.
+    GOBIN="$tmp" CGO_ENABLED=0 GOFLAGS="-buildvcs=false" \
+      go install -trimpath -tags "$(tool_tags "$name")" -ldflags "$ldflags" "$pkg@$version"
+  fi
   local built="$tmp/$(basename "$pkg")"
   [[ -x "$built" ]] || { echo "build-tools.sh: go install produced no $name" >&2; rm -rf "$tmp"; exit 1; }
   [[ "$built" == "$tmp/$name" ]] || mv -f "$built" "$tmp/$name"
@@ -117,5 +138,5 @@ build_tool() {
 }
 
 tools=("$@")
-((${#tools[@]})) || tools=(helm kubeconform promtool toxiproxy)
+((${#tools[@]})) || tools=(helm kubeconform promtool toxiproxy argocd-health)
 for t in "${tools[@]}"; do build_tool "$t"; done
