@@ -34,8 +34,11 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps tini \
  && rm -rf /var/lib/apt/lists/* \
  && ln -s "$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")" /usr/lib/jvm/java-17
-# Keep in step with pyproject.toml (the `spark` extra) and hack/spark/pom.xml (a test checks).
-RUN pip install "pyspark==4.0.0" "confluent-kafka>=2.6,<3" \
+# pyspark as pinned in pyproject.toml's `spark` extra, the one place the Spark release is written.
+COPY pyproject.toml hack/spark-version.sh /tmp/eopipe-spark/
+RUN pip install "pyspark==$(sh /tmp/eopipe-spark/spark-version.sh /tmp/eopipe-spark/pyproject.toml)" \
+                "confluent-kafka>=2.6,<3" \
+ && rm -rf /tmp/eopipe-spark \
  && ln -s "$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" /opt/spark
 ENV JAVA_HOME=/usr/lib/jvm/java-17 \
     SPARK_HOME=/opt/spark \
@@ -48,7 +51,8 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends maven \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY hack/lib.sh hack/fetch-spark-jars.sh hack/
+COPY pyproject.toml ./
+COPY hack/lib.sh hack/fetch-spark-jars.sh hack/spark-version.sh hack/
 COPY hack/spark/pom.xml hack/spark/pom.xml
 # Same script as the tests use: spark-sql-kafka and its runtime dependencies, minus the jars
 # pyspark already ships. Output: /cache/spark-kafka-<version>/jars.

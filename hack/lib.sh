@@ -19,8 +19,9 @@ exit_if_cached() {
   if [[ -f "$1/.complete" ]]; then note "$2: cached in $1"; echo "$1/$3"; exit 0; fi
   rm -rf "$1.tmp" && mkdir -p "$1.tmp"
 }
-# maven_runtime_deps POM OUTDIR: the POM's runtime dependencies copied into OUTDIR.
+# maven_runtime_deps POM OUTDIR [-Dprop=value...]: the POM's runtime dependencies copied into OUTDIR.
 maven_runtime_deps() {
-  mvn -B -q -f "$1" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$2" >&2
+  local pom="$1" out="$2"; shift 2
+  mvn -B -q -f "$pom" "$@" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$out" >&2
 }
 mark_complete() { rm -rf "$1" && mv "$1.tmp" "$1" && touch "$1/.complete"; }

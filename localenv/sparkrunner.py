@@ -33,8 +33,10 @@ States written to status.applicationState.state (with errorMessage), as the real
   RUNNING     the driver's streaming query runs (spark_app prints a line when it does; the
               real operator says RUNNING when the driver pod runs, a little earlier)
   COMPLETED   the driver exited 0
-  FAILING     the driver exited non-zero and will be retried (errorMessage: the exit status
-              and the last meaningful log line); then PENDING_RERUN during
+  FAILING     the driver exited non-zero and will be retried (errorMessage as the real operator
+              writes it, "driver container failed with ExitCode: <n>, Reason: Error", then
+              ": " and the driver's termination log, which on a cluster is the driver pod's
+              termination message and not in errorMessage); then PENDING_RERUN during
               restartPolicy.onFailureRetryInterval (capped by --max-retry-interval), then
               SUBMITTED again (executionAttempts counts the runs)
   FAILED      the driver exited non-zero and restartPolicy is Never or retries are used up
@@ -130,6 +132,9 @@ class AppRun:
         except ValueError as e:
             self._write("SUBMISSION_FAILED", str(e))
             return
+        # The driver container's /dev/termination-log (spark_app writes why it ends there).
+        env["EOPIPE_TERMINATION_LOG"] = str(self.termination_log)
+        self.termination_log.unlink(missing_ok=True)
         self.driver = DriverProcess(argv, env, self.dir / f"driver.{self.attempts}.log")
         self.driver.start()
         (self.dir / "pid").write_text(str(self.driver.pid))
@@ -177,12 +182,18 @@ class AppRun:
         else:
             self._write("FAILED", why)
 
+    @property
+    def termination_log(self) -> Path:
+        return self.dir / f"termination.{self.attempts}.log"
+
     def _error(self, rc: int) -> str:
-        what = f"signal {-rc}" if rc < 0 else f"exit status {rc}"
-        lines = [ln for ln in self.driver.tail(200, meaningful=True).splitlines()
-                 if "eopipe-spark" in ln or "invalid spark_app config" in ln or ln.startswith("  - ")]
-        detail = "; ".join(ln.strip() for ln in lines[-4:])
-        return f"driver {what}" + (f": {detail}" if detail else "")
+        # A process killed by a signal is a container that exited 128 + the signal.
+        head = f"driver container failed with ExitCode: {128 - rc if rc < 0 else rc}, Reason: Error"
+        try:
+            detail = self.termination_log.read_text(errors="replace").strip()
+        except OSError:
+            detail = ""
+        return head + (f": {detail}" if detail else "")
 
     def delete(self) -> None:
         if self.driver is not None:
@@ -265,20 +276,21 @@ class SparkRunner:
 
     def loop_once(self) -> None:
         items = {a["metadata"]["uid"]: a for a in self.list_apps()}
+        # Deleted applications' drivers are stopped (and waited for) before anything is
+        # submitted: an application deleted and created again under its name between two polls
+        # (a pipeline paused and resumed) must not get its new driver beside the old one on the
+        # same checkpoint, as a driver pod outlives its deleted SparkApplication until it is gone.
+        for uid in list(self.apps):
+            if uid not in items or items[uid]["metadata"].get("deletionTimestamp"):
+                self.apps.pop(uid).delete()
         for uid, app in items.items():
             if app["metadata"].get("deletionTimestamp"):
-                run = self.apps.pop(uid, None)
-                if run:
-                    run.delete()
                 continue
             run = self.apps.get(uid)
             if run is None:
                 run = self.apps[uid] = AppRun(self, app)
                 run.dir.mkdir(parents=True, exist_ok=True)
             run.step(app)
-        for uid in list(self.apps):
-            if uid not in items:
-                self.apps.pop(uid).delete()
 
     def shutdown(self) -> None:
         for run in self.apps.values():

@@ -2,9 +2,9 @@
 
 The operator passes one JSON document (operator/eopipe/control/builders/spark.py `spark_config`) as
 `--config-json '...'`, or it is mounted as a file (`--config FILE`). Everything is checked
-before Spark starts; a bad config exits with status 2 and one line per problem, so a broken
-manifest shows up as a FAILED SparkApplication with a readable errorMessage, never as a
-stack trace from the middle of Spark.
+before Spark starts; a bad config exits with status 2 and one line per problem (main.py adds
+what Spark cannot analyse), so a broken manifest shows up as phase Failed on the pipeline
+with a readable message, never as a stack trace from the middle of Spark.
 
 Keys (required unless a default is given):
   pipeline, namespace        names; they make the transactional ids and the consumer ids

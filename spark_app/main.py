@@ -7,7 +7,10 @@ connector jars are taken from EOPIPE_SPARK_JARS (a folder or a comma-separated l
 
 Exit status: 0 when the query ends on its own (trigger availableNow) or on SIGTERM; 1 when the
 query fails (the SparkApplication restarts OnFailure and resumes from the checkpoint); 2 for
-a bad configuration (including SQL that does not analyse), with the reasons on stderr.
+a bad configuration, including a schema or SQL that Spark cannot analyse, at once and without
+retrying (the same configuration fails the same way). The reasons go to stderr and, for 1 and
+2, to the termination log ($EOPIPE_TERMINATION_LOG, else Kubernetes' /dev/termination-log when
+the container has one), where the driver pod's status shows them and the operator reads them.
 
 Reading: `kafka.isolation.level=read_committed` (only what the dedup stage committed),
 `failOnDataLoss=true` (offsets that vanished, e.g. by retention, stop the job instead of being
@@ -36,10 +39,32 @@ from spark_app.config import META_COLUMNS, Config, ConfigError, FileSink, KafkaS
 RUNNING_LINE = "eopipe-spark: streaming query running"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 JARS_ENV = "EOPIPE_SPARK_JARS"
+TERMINATION_LOG_ENV = "EOPIPE_TERMINATION_LOG"
+TERMINATION_LOG = "/dev/termination-log"  # the container's default terminationMessagePath
+TERMINATION_LOG_MAX = 4096  # what the kubelet keeps of it
 
 
 def log(msg: str) -> None:
     print(f"eopipe-spark: {msg}", file=sys.stderr, flush=True)
+
+
+def write_termination_log(text: str) -> None:
+    """Why the driver ends, where Kubernetes puts it in the container's status (terminated.message)."""
+    path = os.environ.get(TERMINATION_LOG_ENV) or (TERMINATION_LOG if os.path.exists(TERMINATION_LOG) else None)
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text.encode("utf-8")[:TERMINATION_LOG_MAX].decode("utf-8", "ignore"))
+    except OSError as e:  # not worth failing over: stderr has the same
+        log(f"termination log {path}: {e}")
+
+
+def _analysis_error(e: BaseException) -> bool:
+    """Spark could not analyse the query (AnalysisException, of which ParseException is one)."""
+    from pyspark.errors import AnalysisException
+
+    return isinstance(e, AnalysisException)
 
 
 def _jars_from_env() -> str | None:
@@ -132,7 +157,7 @@ def events_view(spark, cfg: Config):
 
     try:
         schema = StructType.fromDDL(cfg.schema)
-    except Exception as e:  # noqa: BLE001 - Spark's parse errors have many types
+    except Exception as e:  # noqa: BLE001 - ParseException, or another type for a DDL that is not a struct
         raise ConfigError([f"schema: {cfg.schema!r} is not a DDL column list: {_first_line(e)}"]) from None
     clash = sorted(set(schema.fieldNames()) & set(META_COLUMNS))
     if clash:
@@ -170,7 +195,7 @@ def build_query_frame(spark, cfg: Config):
     events.createOrReplaceTempView("events")
     try:
         result = spark.sql(cfg.sql)
-    except Exception as e:  # AnalysisException, ParseException
+    except Exception as e:  # noqa: BLE001 - AnalysisException, ParseException: planning has no I/O, all are the SQL's
         raise ConfigError([f"sql: {_first_line(e)}"]) from None
     if cfg.transform:
         mod_name, fn_name = cfg.transform.split(":")
@@ -228,8 +253,8 @@ def start_query(spark, cfg: Config):
         w = w.format(cfg.sink.format).option("path", cfg.sink.path)
     try:
         return w.start()
-    except Exception as e:
-        if type(e).__name__ == "AnalysisException":
+    except Exception as e:  # e.g. an output mode the query cannot have, found only when it starts
+        if _analysis_error(e):
             raise ConfigError([f"sql: {_first_line(e)}"]) from None
         raise
 
@@ -267,6 +292,7 @@ def run(cfg: Config) -> int:
     exc = query.exception()
     if exc is not None:
         log(f"query failed: {exc}")
+        write_termination_log(f"query failed: {exc}")
         return 1
     return 0
 
@@ -276,19 +302,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config-json", help="the configuration as one JSON document")
     ap.add_argument("--config", help="a file holding the JSON configuration")
     args = ap.parse_args(argv)
-    try:
-        cfg = load(args.config_json, args.config)
-    except ConfigError as e:
-        print(str(e), file=sys.stderr, flush=True)
-        return 2
     t0 = time.monotonic()
     try:
-        rc = run(cfg)
+        rc = run(load(args.config_json, args.config))
     except ConfigError as e:
         print(str(e), file=sys.stderr, flush=True)
+        write_termination_log(str(e))
         return 2
     except Exception as e:  # noqa: BLE001 - reported, and the restart policy takes over
         log(f"failed after {time.monotonic() - t0:.0f}s: {type(e).__name__}: {e}")
+        write_termination_log(f"{type(e).__name__}: {e}")
         return 1
     return rc
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import random
 import re
 import threading
 from pathlib import Path
@@ -28,10 +29,13 @@ def pod_network_for(node_name: str) -> ipaddress.IPv4Network:
 
 
 class IPAllocator:
-    def __init__(self, net: ipaddress.IPv4Network = POD_NET):
+    def __init__(self, net: ipaddress.IPv4Network = POD_NET, offset: int = 0):
+        """`offset`: where in the range the first address is handed out (the agent picks one at
+        random: agents of two test sessions on one machine share the range of their node name,
+        and a pod given an address another session's pod listens on fails to bind its ports)."""
         self.net = net
         self.used: set[str] = set()
-        self.cursor = int(net.network_address) + 2
+        self.cursor = int(net.network_address) + 2 + offset % (net.num_addresses - 3)
         self.lock = threading.Lock()
 
     def reserve(self, ip: str | None) -> bool:
@@ -68,7 +72,7 @@ class Agent:
         self.stop_event = threading.Event()
         self.workers: dict[str, PodWorker] = {}
         self.workers_lock = threading.Lock()
-        self.ips = IPAllocator(pod_network_for(node_name))
+        self.ips = IPAllocator(pod_network_for(node_name), offset=random.randrange(1 << 16))
         self.host_ip = "127.0.0.1"
         self.node = Node(self.kube, node_name, self.host_ip)
         self.provisioner = Provisioner(self.kube, self.workdir)

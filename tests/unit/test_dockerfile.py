@@ -188,14 +188,33 @@ def test_downloads_only_from_package_registries(dockerfile):
     assert not re.search(r"--(index-url|extra-index-url|trusted-host)", text)
 
 
-def test_spark_versions_agree():
+def test_spark_release_is_written_once():
+    """pyproject.toml's pyspark pin is the Spark release; the jars, the image and the
+    SparkApplication take it from there, and no other file writes a version of its own."""
+    pin = re.search(r'^spark = \["pyspark==([0-9.]+)"\]$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+    res = subprocess.run(["sh", str(ROOT / "hack" / "spark-version.sh")], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout == f"{pin}\n", res.stderr
     text = DOCKERFILE.read_text()
-    docker_pyspark = re.search(r'pyspark==([0-9.]+)', text).group(1)
-    pyproject_pyspark = re.search(r'"pyspark==([0-9.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
-    pom = re.search(r"<spark.version>([^<]+)</spark.version>", (ROOT / "hack/spark/pom.xml").read_text()).group(1)
-    assert docker_pyspark == pyproject_pyspark == pom
-    builder = re.search(r'"sparkVersion":\s*"([^"]+)"', (ROOT / "operator/eopipe/control/builders/spark.py").read_text())
-    assert builder and builder.group(1) == pom
+    assert not re.search(r"pyspark==[0-9]", text) and "spark-version.sh" in text
+    pom = (ROOT / "hack/spark/pom.xml").read_text()
+    assert "<spark.version>" not in pom and "${spark.version}" in pom
+    assert "spark-version.sh" in (ROOT / "hack/fetch-spark-jars.sh").read_text()
+    from eopipe.control.builders.spark import spark_version
+    assert spark_version() == pin
+    # The installed package's metadata (what an image without the source tree reads) is current.
+    from importlib import metadata
+    assert f'pyspark=={pin}; extra == "spark"' in metadata.requires("eopipe")
+    for doc in ("docs/design.md", "docs/install.md"):
+        named = set(re.findall(r"(?:pyspark|sparkVersion:?|Spark)\s+([0-9]+\.[0-9]+\.[0-9]+)", (ROOT / doc).read_text()))
+        assert named <= {pin}, f"{doc} names Spark {named - {pin}}, the pin is {pin}"
+
+
+def test_spark_pin_regex_of_the_script_rejects_other_forms(tmp_path):
+    """A pin the script cannot read is an error, not an empty version."""
+    bad = tmp_path / "pyproject.toml"
+    bad.write_text('[project.optional-dependencies]\nspark = ["pyspark>=4.2"]\n')
+    res = subprocess.run(["sh", str(ROOT / "hack" / "spark-version.sh"), str(bad)], capture_output=True, text=True)
+    assert res.returncode == 1 and res.stdout == "" and "pyspark==" in res.stderr
 
 
 def test_spark_image_layout(dockerfile):

@@ -198,6 +198,14 @@ def test_ip_allocator_unique_and_reserve():
     assert a.reserve("127.1.200.3") and not a.reserve("10.0.0.1")
 
 
+def test_ip_allocator_starts_at_its_offset_and_wraps():
+    # An agent starts at a random offset: two test sessions' agents rarely hand out one address.
+    assert IPAllocator(offset=0).allocate() == "127.1.0.2"
+    assert IPAllocator(offset=254).allocate() == "127.1.1.1"  # 127.1.1.0 skipped
+    a = IPAllocator(offset=65532)  # the last address of the range, then the first
+    assert [a.allocate(), a.allocate()] == ["127.1.255.254", "127.1.0.2"]
+
+
 def test_run_probe_http_and_tcp_on_pod_loopback_address():
     ip = "127.1.250.17"
 

@@ -54,6 +54,38 @@ def access_of(path: str, method: str) -> tuple[str, str, str]:
     return group, resource, verb
 
 
+@cache
+def string_constants() -> dict[str, str]:
+    """Module-level `NAME = "text"` (and `A, B = "x", "y"`) of the scanned code; a name given two
+    values in two modules is left out."""
+    seen: dict[str, set[str]] = {}
+    for path in SCANNED:
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+                continue
+            target, value = node.targets[0], node.value
+            pairs = ([(target, value)] if isinstance(target, ast.Name) else
+                     list(zip(target.elts, value.elts)) if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
+                     and len(target.elts) == len(value.elts) else [])
+            for t, v in pairs:
+                if isinstance(t, ast.Name) and isinstance(v, ast.Constant) and isinstance(v.value, str):
+                    seen.setdefault(t.id, set()).add(v.value)
+    return {k: next(iter(v)) for k, v in seen.items() if len(v) == 1}
+
+
+def custom_resource(call: ast.Call) -> tuple[str, str] | None:
+    """(group, plural) of a CustomObjectsApi call that names them by string constants (arguments
+    0 and 3), else None: the call is on RESOURCE (CUSTOM), unpacked into variables."""
+    def text(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        return string_constants().get(node.id) if isinstance(node, ast.Name) else None
+    if len(call.args) < 4 or any(isinstance(a, ast.Starred) for a in call.args[:4]):
+        return None
+    group, plural = text(call.args[0]), text(call.args[3])
+    return (group, plural) if group and plural else None
+
+
 def client_calls() -> set[tuple[str, str, str, str]]:
     """(group, resource, verb, where) of every kubernetes client call in the scanned code."""
     methods = client_methods()
@@ -61,7 +93,10 @@ def client_calls() -> set[tuple[str, str, str, str]]:
     for path in SCANNED:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods:
-                found.add((*access_of(*methods[node.func.attr]), f"{path.relative_to(PKG)}:{node.lineno}"))
+                group, resource, verb = access_of(*methods[node.func.attr])
+                if (group, resource.split("/")[0]) == CUSTOM and (named := custom_resource(node)):
+                    group, resource = named[0], "/".join([named[1], *resource.split("/")[1:]])
+                found.add((group, resource, verb, f"{path.relative_to(PKG)}:{node.lineno}"))
     return found
 
 
@@ -109,7 +144,8 @@ def test_request_to_rbac(path, method, want):
 def test_the_scan_sees_the_calls_it_must():
     calls = {(g, r, v) for g, r, v, _ in client_calls()}
     assert {("coordination.k8s.io", "leases", "update"), ("", "pods", "list"),
-            ("eopipe.dev", "exactlyoncepipelines/status", "patch")} <= calls
+            ("eopipe.dev", "exactlyoncepipelines/status", "patch"),
+            ("sparkoperator.k8s.io", "sparkapplications", "delete")} <= calls  # named by constants
     assert {("apps", "statefulsets"), ("rbac.authorization.k8s.io", "roles")} <= built_kinds()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,11 +116,14 @@ def test_the_operators_config_is_accepted():
 
 
 def test_bad_config_exits_2_with_reasons(tmp_path):
+    log = tmp_path / "termination-log"  # the container's /dev/termination-log
     res = subprocess.run([sys.executable, "-m", "spark_app.main", "--config-json",
                           json.dumps(_base_config(trigger="later"))],
-                         capture_output=True, text=True, timeout=60, cwd=REPO)
+                         capture_output=True, text=True, timeout=60, cwd=REPO,
+                         env={**os.environ, "EOPIPE_TERMINATION_LOG": str(log)})
     assert res.returncode == 2, res.stderr
     assert "invalid spark_app config" in res.stderr and "trigger" in res.stderr
+    assert log.read_text() == res.stderr.strip()  # what the driver pod's status will show
     res = subprocess.run([sys.executable, "-m", "spark_app.main", "--config", str(tmp_path / "nope.json")],
                          capture_output=True, text=True, timeout=60, cwd=REPO)
     assert res.returncode == 2 and "nope.json" in res.stderr

@@ -77,9 +77,10 @@ creates, which the API server authorizes as both patch and create.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, create, patch]
+# Deleted while the pipeline is paused (its driver stops), created again on resume.
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
-  verbs: [get, create, patch]
+  verbs: [get, create, patch, delete]
 # The dedup pods' and the Spark driver's ServiceAccount, Role and RoleBinding
 # (builders/dedup.py rbac, builders/spark.py driver_rbac).
 - apiGroups: [""]

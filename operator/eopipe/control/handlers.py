@@ -107,7 +107,7 @@ def _reconcile(rec: Reconciler, body, logger) -> None:
     RECONCILES.labels("retry" if outcome.retry else "ok").inc()
     logger.info(f"reconciled: phase={status['phase']}")
     if outcome.retry:
-        raise kopf.TemporaryError("Kafka not reachable yet", delay=5)
+        raise kopf.TemporaryError(outcome.retry_reason, delay=5)
 
 
 def _fresh(rec: Reconciler, body) -> dict | None:

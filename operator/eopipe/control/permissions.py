@@ -54,6 +54,8 @@ API_ACCESS = (
     Access("rbac.authorization.k8s.io", "roles", APPLY, WATCHED, "the dedup pods' and the driver's"),
     Access("rbac.authorization.k8s.io", "rolebindings", APPLY, WATCHED, "the dedup pods' and the driver's"),
     Access("sparkoperator.k8s.io", "sparkapplications", APPLY, WATCHED, "the processing stage"),
+    Access("sparkoperator.k8s.io", "sparkapplications", ("delete",), WATCHED,
+           "spec.paused stops the Spark application (control/sparkstage.py)"),
     Access("coordination.k8s.io", "leases", ("get", "create", "update"), OWN,
            "leader election (control/leader.py)"),
 )

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from kubernetes import client
 from pydantic import ValidationError
 
-from eopipe.control import access, autoscale, tokens
+from eopipe.control import access, autoscale, sparkstage, sparkstatus, tokens
 from eopipe.control import rebalance as rebalance_sm
 from eopipe.control.builders import checkpoint
 from eopipe.control.builders.pipeline import dedup_objects, processing_objects
@@ -26,6 +26,7 @@ from eopipe.control.conflicts import Claim, claim, conflicts
 from eopipe.control.kube import Applier, ApplyError
 from eopipe.control.observe import Observer
 from eopipe.control.settings import Settings
+from eopipe.control.sparkstage import SPARK_API, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION
 from eopipe.control.status import (
     Condition,
     dedup_lag,
@@ -42,8 +43,6 @@ from eopipe.core.spec import RESOURCE, PipelineSpec
 
 log = logging.getLogger(__name__)
 
-SPARK_API = "sparkoperator.k8s.io/v1beta2"
-
 
 @dataclass
 class Outcome:
@@ -51,6 +50,7 @@ class Outcome:
     stalled: Condition | None = None
     fields: dict = field(default_factory=dict)  # extra status fields
     retry: bool = False  # something failed that is worth retrying soon
+    retry_reason: str = "Kafka not reachable yet"
     rebalancing: str | None = None  # the running rebalance's message (phase Rebalancing)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
 
@@ -343,19 +343,45 @@ class Reconciler:
                                         f"the cluster has no {SPARK_API} SparkApplication kind; "
                                         "install the Kubeflow Spark Operator"))
             return
+        # The checkpoint's claim stays while paused: the SparkApplication deleted then is not its owner.
         if (pvc := checkpoint.claim(names)) is not None:  # owned (deleted with the pipeline) only with Delete
             self.applier.apply(pvc, owner if checkpoint.owned(names) else None)
         *manifests, application = processing_objects(names, self.settings.spark_image)
         for manifest in manifests:
             self.applier.apply(manifest, owner)
-        app = self.applier.apply(application, owner)
-        state = ((app.get("status") or {}).get("applicationState") or {}).get("state") or "NEW"
-        err = ((app.get("status") or {}).get("applicationState") or {}).get("errorMessage", "")
-        out.fields["sparkApplicationState"] = state
-        if state == "RUNNING":
-            out.stages.append(Condition("ProcessingReady", True, "Running", "Spark application running"))
-        elif state in ("FAILED", "SUBMISSION_FAILED", "FAILING"):
-            out.stages.append(Condition("ProcessingReady", False, "SparkFailed",
-                                        err or f"Spark application {state}; it restarts OnFailure"))
-        else:
-            out.stages.append(Condition("ProcessingReady", False, "SparkStarting", f"Spark application {state}"))
+        name, ns = application["metadata"]["name"], names.namespace
+        app = self.applier.get(SPARK_API, "SparkApplication", name, ns)
+        drivers = self.core.list_namespaced_pod(ns, label_selector=sparkstage.driver_selector(name)).items
+        claim = checkpoint.claim_name(names)
+        where = names.spec.processing.checkpoint.location(names.pipeline) + (f" on claim {claim}" if claim else "")
+        plan = sparkstage.plan(sparkstage.Facts(
+            paused=bool(names.spec.paused), app=app,
+            driver_phases=tuple((p.status.phase if p.status else None) or "Pending" for p in drivers),
+            checkpoint=where))
+        if plan.action == sparkstage.DELETE:
+            self._delete_spark_application(name, ns)
+        elif plan.action == sparkstage.WAIT:
+            if not out.retry:  # Kafka's reason, if any, comes first
+                out.retry_reason = "waiting for the stopped Spark driver to be gone"
+            out.retry = True
+        elif plan.action == sparkstage.APPLY:
+            app = self.applier.apply(application, owner)
+        if plan.condition is not None:
+            out.fields["sparkApplicationState"] = None  # no application of this spec runs
+            out.stages.append(plan.condition)
+            return
+        verdict = sparkstatus.judge(app, sparkstatus.driver_exits(drivers))
+        out.fields["sparkApplicationState"] = verdict.state
+        out.stages.append(verdict.condition)
+        if verdict.stalled is not None:
+            out.stalled = verdict.stalled
+        if verdict.resubmit:
+            self._delete_spark_application(name, ns)
+
+    def _delete_spark_application(self, name: str, namespace: str) -> None:
+        try:
+            client.CustomObjectsApi(self.api).delete_namespaced_custom_object(
+                SPARK_GROUP, SPARK_VERSION, namespace, SPARK_PLURAL, name)
+        except client.ApiException as e:
+            if e.status != 404:  # gone already: what was wanted
+                raise

@@ -251,7 +251,9 @@ class PipelineSpec(Model):
         "Retain", description="Retain keeps the Kafka topics and the Spark checkpoint claim when the pipeline is "
                               "deleted; Delete deletes the topics and the claim the operator created for it, never "
                               "one that existed before")
-    paused: bool = Field(False, description="stop processing without deleting anything")
+    paused: bool = Field(False, description="stop processing: the dedup pods scale to zero and the Spark application "
+                                            "stops (its SparkApplication is deleted, and created again on resume); "
+                                            "topics, state volumes, the Spark checkpoint and offsets are kept")
     image_pull_secrets: list[LocalObjectReference] = Field(
         default_factory=list, max_length=32,
         description="Secrets for pulling the dedup and Spark images, as in a pod spec")

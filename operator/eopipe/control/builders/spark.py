@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import re
+from importlib import metadata
+from pathlib import Path
 
 from eopipe.control.builders import checkpoint, pods
 from eopipe.core import kafkaconf
@@ -10,6 +14,32 @@ from eopipe.core.names import Names
 
 SPARK_APP_MAIN = "local:///opt/eopipe/spark_app/main.py"
 CHECKPOINT_VOLUME = "checkpoint"
+# The Spark Operator retries a failed driver whatever its exit status, so a spec Spark cannot
+# analyse (exit 2) would be run again and again: it retries once (a quick restart after a lone
+# crash), and once it gives up (FAILED) the operator decides (control/sparkstatus.py): submitted
+# again after any other failure, left FAILED (pipeline phase Failed) after exit 2 until the spec
+# changes. A bad spec thus costs at most two driver runs.
+RESTART_POLICY = {"type": "OnFailure", "onFailureRetries": 1, "onFailureRetryInterval": 10,
+                  "onSubmissionFailureRetries": 10, "onSubmissionFailureRetryInterval": 20}
+_PYSPARK_PIN = re.compile(r"^pyspark==([0-9][0-9.]*)\s*(;.*)?$")
+
+
+@functools.cache
+def spark_version() -> str:
+    """The Spark release of the image: the pyspark pin of pyproject.toml's `spark` extra, the one
+    place it is written (hack/spark-version.sh reads it for the image and the connector jars).
+    From the source tree's pyproject.toml when there is one, else from the installed package's
+    metadata, which was built from it."""
+    pyproject = Path(__file__).resolve().parents[4] / "pyproject.toml"
+    if pyproject.is_file() and 'name = "eopipe"' in (text := pyproject.read_text()):
+        m = re.search(r'^spark = \["(pyspark==[^"]+)"\]$', text, re.M)
+        lines = [m.group(1)] if m else []
+    else:
+        lines = [r for r in metadata.requires("eopipe") or () if 'extra == "spark"' in r]
+    for line in lines:
+        if m := _PYSPARK_PIN.match(line):
+            return m.group(1)
+    raise RuntimeError(f"no pyspark==<version> pin in the `spark` extra of eopipe ({pyproject})")
 
 
 def spark_config(names: Names) -> dict:
@@ -95,10 +125,8 @@ def spark_application(names: Names, image: str) -> dict:
             "image": proc.image or image,
             "mainApplicationFile": SPARK_APP_MAIN,
             "arguments": ["--config-json", json.dumps(spark_config(names), sort_keys=True)],
-            "sparkVersion": "4.0.0",
-            "restartPolicy": {"type": "OnFailure", "onFailureRetries": 1000,
-                              "onFailureRetryInterval": 10, "onSubmissionFailureRetries": 10,
-                              "onSubmissionFailureRetryInterval": 20},
+            "sparkVersion": spark_version(),
+            "restartPolicy": RESTART_POLICY,
             "sparkConf": {
                 "spark.sql.streaming.stateStore.providerClass":
                     "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",

@@ -1,0 +1,110 @@
+"""The SparkApplication's status -> the pipeline's ProcessingReady, whether the pipeline is
+Failed, and whether the operator submits the application again. Pure: the reconcile pass reads
+the application and its driver pods and acts on the verdict.
+
+spark_app exits with status 2 for a configuration Spark cannot analyse (a schema that does not
+parse, SQL over a missing column, a transform that cannot be loaded; spark_app/main.py) and
+writes the reason to its termination log. The same spec fails the same way every time, so that
+exit ends the pipeline in phase Failed (Stalled, reason SparkFailed) with Spark's own message,
+as soon as it is seen, and the operator does not submit the application again until the spec
+changes (a new spec is a new submission). The Kubeflow Spark Operator cannot tell that exit from
+another; its own retries are bounded (builders/spark.py, onFailureRetries), after which the
+application stays FAILED.
+
+Where the message comes from: the Kubeflow operator's `errorMessage` says only "driver container
+failed with ExitCode: <n>, Reason: <r>"; Spark's words are the driver pod's termination message
+(its container status), read while the pod is there. The local stand-in (localenv/sparkrunner.py)
+has no driver pod and appends them to `errorMessage`.
+
+Any other failure is worth retrying: while the Spark Operator retries (FAILING, PENDING_RERUN) the
+stage is Degraded; once it has given up (FAILED), or the driver ended with status 0 (SIGTERM on
+an eviction: a streaming query has no end of its own, and OnFailure does not restart a success),
+the operator deletes the application and the next pass creates it again, resuming from the
+checkpoint (sparkstage.plan waits until no driver of the old one runs).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from eopipe.control.status import Condition
+
+CONFIG_EXIT = 2          # spark_app/main.py: bad configuration, including what Spark cannot analyse
+DRIVER_CONTAINER = "spark-kubernetes-driver"  # Spark's name for the driver pod's container
+_EXIT_CODE = re.compile(r"ExitCode: (-?\d+)")
+# The Kubeflow operator's words before what the stand-in appends (the driver's own)
+_OPERATOR_WORDS = re.compile(r"^driver container failed with ExitCode: -?\d+, Reason: [^:]*: (?=\S)")
+_MAX_MESSAGE = 1500
+
+
+@dataclass(frozen=True)
+class DriverExit:
+    """A terminated driver container (from a driver pod's status)."""
+    exit_code: int
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: str                   # status.applicationState.state (NEW when there is none)
+    condition: Condition         # ProcessingReady
+    stalled: Condition | None    # set: phase Failed until the spec changes
+    resubmit: bool = False       # delete the application; the next pass creates it again
+
+
+def _flat(text: str) -> str:
+    """One line: the termination log and errorMessage may hold several."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())[:_MAX_MESSAGE]
+
+
+def judge(app: dict | None, drivers: Iterable[DriverExit] = ()) -> Verdict:
+    app_state = ((app or {}).get("status") or {}).get("applicationState") or {}
+    state, err = app_state.get("state") or "NEW", _flat(app_state.get("errorMessage") or "")
+    if state == "RUNNING":
+        return Verdict(state, Condition("ProcessingReady", True, "Running", "Spark application running"), None)
+    if state in ("SUBMITTED", "NEW", "PENDING_SUBMISSION", "INVALIDATING", "UNKNOWN"):
+        return Verdict(state, Condition("ProcessingReady", False, "SparkStarting", f"Spark application {state}"), None)
+    exits = [d for d in drivers if d.exit_code != 0] or list(drivers)
+    spark_words = next((_flat(d.message) for d in exits if d.message.strip()), "")
+    code = exits[0].exit_code if exits else None
+    if code is None and (m := _EXIT_CODE.search(err)):
+        code = int(m.group(1))
+    detail = spark_words or _OPERATOR_WORDS.sub("", err) or f"Spark application {state}"
+    if state in ("FAILING", "PENDING_RERUN", "FAILED") and code == CONFIG_EXIT:
+        msg = (f"Spark cannot run this spec.processing (driver exit status {CONFIG_EXIT}): {detail}. "
+               "The same spec fails the same way, so it is not submitted again: fix the SQL, schema, "
+               "watermark or transform")
+        return Verdict(state, Condition("ProcessingReady", False, "SparkFailed", msg),
+                       Condition("Stalled", True, "SparkFailed", msg))
+    if state == "FAILED":
+        return Verdict(state, Condition("ProcessingReady", False, "SparkFailed",
+                                        f"{detail}; the Spark Operator's retries are used up, so the "
+                                        "operator submits the application again (it resumes from its checkpoint)"),
+                       None, resubmit=True)
+    if state == "COMPLETED":
+        return Verdict(state, Condition("ProcessingReady", False, "SparkStarting",
+                                        "the Spark driver ended with status 0 (stopped from outside, e.g. "
+                                        "evicted); the operator submits the application again"), None, resubmit=True)
+    if state in ("FAILING", "PENDING_RERUN") and not (err or exits):
+        return Verdict(state, Condition("ProcessingReady", False, "SparkStarting", f"Spark application {state}"), None)
+    if state in ("FAILING", "PENDING_RERUN", "SUBMISSION_FAILED"):
+        return Verdict(state, Condition("ProcessingReady", False, "SparkFailed",
+                                        f"{detail}; the Spark Operator restarts it (restartPolicy)"), None)
+    return Verdict(state, Condition("ProcessingReady", False, "SparkStarting", f"Spark application {state}"), None)
+
+
+def driver_exits(pods) -> tuple[DriverExit, ...]:
+    """The terminated driver containers of the application's driver pods (kubernetes V1Pod)."""
+    out = []
+    for pod in pods:
+        for cs in (pod.status.container_statuses if pod.status else None) or ():
+            if cs.name != DRIVER_CONTAINER:
+                continue
+            for st in (cs.state, cs.last_state):
+                t = st.terminated if st is not None else None
+                if t is not None:
+                    out.append(DriverExit(int(t.exit_code), t.message or ""))
+                    break
+    return tuple(out)

@@ -1,0 +1,103 @@
+"""The SparkApplication's status -> ProcessingReady, phase Failed, submit again (control/sparkstatus.py)."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from eopipe.control.sparkstatus import CONFIG_EXIT, DriverExit, driver_exits, judge
+from eopipe.control.status import summarize
+
+SPARK_SAYS = ("invalid spark_app config:\n  - sql: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or "
+              "function parameter with name `nope` cannot be resolved. SQLSTATE: 42703")
+KUBEFLOW_2 = "driver container failed with ExitCode: 2, Reason: Error"  # what the real operator writes
+STAND_IN_2 = f"{KUBEFLOW_2}: {SPARK_SAYS}"                              # localenv/sparkrunner.py
+KUBEFLOW_1 = "driver container failed with ExitCode: 1, Reason: Error"
+OOM = "driver container failed with ExitCode: 137, Reason: OOMKilled"
+
+
+def app(state, error=""):
+    return {"status": {"applicationState": {"state": state, "errorMessage": error}}} if state else {}
+
+
+# state, errorMessage, driver pods' exits -> ProcessingReady (status, reason), Failed, resubmit, in message
+CASES = [
+    ("RUNNING", "", (), True, "Running", False, False, "running"),
+    (None, "", (), False, "SparkStarting", False, False, "NEW"),
+    ("SUBMITTED", "", (), False, "SparkStarting", False, False, "SUBMITTED"),
+    ("PENDING_RERUN", "", (), False, "SparkStarting", False, False, "PENDING_RERUN"),
+    # a spec Spark cannot analyse: Failed at the first failed attempt, with Spark's words
+    ("FAILING", STAND_IN_2, (), False, "SparkFailed", True, False, "UNRESOLVED_COLUMN"),
+    ("PENDING_RERUN", STAND_IN_2, (), False, "SparkFailed", True, False, "UNRESOLVED_COLUMN"),
+    ("FAILED", STAND_IN_2, (), False, "SparkFailed", True, False, "UNRESOLVED_COLUMN"),
+    # on a cluster: the exit code from errorMessage, Spark's words from the driver pod
+    ("FAILED", KUBEFLOW_2, (DriverExit(CONFIG_EXIT, SPARK_SAYS),), False, "SparkFailed", True, False,
+     "cannot be resolved"),
+    ("FAILING", "", (DriverExit(CONFIG_EXIT, SPARK_SAYS),), False, "SparkFailed", True, False, "SQLSTATE: 42703"),
+    ("FAILED", KUBEFLOW_2, (), False, "SparkFailed", True, False, "ExitCode: 2"),  # pod gone: the exit code
+    # the pod's exit code wins over a stale errorMessage
+    ("FAILED", KUBEFLOW_2, (DriverExit(1, "query failed: broker down"),), False, "SparkFailed", False, True,
+     "broker down"),
+    # anything else is retried: by the Spark Operator while it can, then by the operator
+    ("FAILING", KUBEFLOW_1, (), False, "SparkFailed", False, False, "restarts it"),
+    ("PENDING_RERUN", OOM, (), False, "SparkFailed", False, False, "OOMKilled"),
+    ("FAILED", OOM, (), False, "SparkFailed", False, True, "submits the application again"),
+    ("FAILED", "", (), False, "SparkFailed", False, True, "FAILED"),
+    ("SUBMISSION_FAILED", "no image", (), False, "SparkFailed", False, False, "no image"),
+    # a streaming driver that ended with 0 was stopped from outside: OnFailure leaves it there
+    ("COMPLETED", "", (DriverExit(0),), False, "SparkStarting", False, True, "status 0"),
+]
+
+
+@pytest.mark.parametrize("state, error, drivers, ready, reason, failed, resubmit, in_message", CASES)
+def test_judge(state, error, drivers, ready, reason, failed, resubmit, in_message):
+    v = judge(app(state, error), drivers)
+    assert v.state == (state or "NEW")
+    c = v.condition
+    assert (c.type, c.status, c.reason) == ("ProcessingReady", ready, reason)
+    assert in_message in c.message
+    assert v.resubmit == resubmit
+    assert (v.stalled is not None) == failed
+    if failed:
+        assert (v.stalled.type, v.stalled.status, v.stalled.reason) == ("Stalled", True, "SparkFailed")
+        assert v.stalled.message == c.message and "not submitted again" in c.message
+
+
+def test_a_config_failure_makes_the_pipeline_failed_with_sparks_message():
+    v = judge(app("FAILED", STAND_IN_2))
+    conditions, phase = summarize([v.condition], stalled=v.stalled)
+    ready = conditions[0]
+    assert phase == "Failed" and (ready.type, ready.status, ready.reason) == ("Ready", False, "SparkFailed")
+    # one line, Spark's words kept, the exit code said once
+    assert "\n" not in ready.message and "name `nope` cannot be resolved" in ready.message
+    assert "ExitCode" not in ready.message and ready.message.count("exit status 2") == 1
+
+
+def test_a_retried_failure_is_degraded_not_failed():
+    v = judge(app("FAILING", KUBEFLOW_1))
+    _, phase = summarize([v.condition], stalled=v.stalled)
+    assert phase == "Degraded"
+
+
+def test_long_messages_are_cut():
+    v = judge(app("FAILED", "driver container failed with ExitCode: 2, Reason: Error: " + "x" * 10_000))
+    assert len(v.condition.message) < 2000
+
+
+def _pod(name, state=None, last=None):
+    return client.V1Pod(status=client.V1PodStatus(container_statuses=[client.V1ContainerStatus(
+        name=name, image="i", image_id="", ready=False, restart_count=0, state=state, last_state=last)]))
+
+
+def _terminated(code, message=None):
+    return client.V1ContainerState(terminated=client.V1ContainerStateTerminated(exit_code=code, message=message))
+
+
+def test_driver_exits_from_pods():
+    pods = [_pod("spark-kubernetes-driver", _terminated(2, SPARK_SAYS)),
+            _pod("spark-kubernetes-driver", client.V1ContainerState(running=client.V1ContainerStateRunning()),
+                 _terminated(137)),
+            _pod("spark-kubernetes-driver", client.V1ContainerState(running=client.V1ContainerStateRunning())),
+            _pod("istio-proxy", _terminated(1, "sidecar"))]
+    assert driver_exits(pods) == (DriverExit(2, SPARK_SAYS), DriverExit(137, ""))
+    assert driver_exits([client.V1Pod(status=None)]) == ()
