@@ -281,7 +281,8 @@ def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: Ke
             rep.malformed_in += 1
             continue
         source.add(k)
-        first.setdefault((m.partition(), k), m.offset())
+        if order:
+            first.setdefault((m.partition(), k), m.offset())
     rep.unique_in = len(source)
 
     out_spec = output_key_spec or key_spec
@@ -301,7 +302,7 @@ def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: Ke
     # Then read on to the end, so duplicates that trail the last new key are seen too.
     counts.clear()
     missing = set(source)
-    check_order, order = order, OrderCheck(first if order else {})
+    check_order, order = order, OrderCheck(first)
     for m in reader.read(output_topic, deadline=deadline, settled=True):
         order.see(m.partition(), add(m))
     if check_order and reader.partitions[output_topic] == reader.partitions[source_topic]:

@@ -6,7 +6,6 @@ import functools
 import json
 import re
 from importlib import metadata
-from pathlib import Path
 
 from eopipe.control.builders import checkpoint, pods
 from eopipe.core import kafkaconf
@@ -26,20 +25,13 @@ _PYSPARK_PIN = re.compile(r"^pyspark==([0-9][0-9.]*)\s*(;.*)?$")
 
 @functools.cache
 def spark_version() -> str:
-    """The Spark release of the image: the pyspark pin of pyproject.toml's `spark` extra, the one
-    place it is written (hack/spark-version.sh reads it for the image and the connector jars).
-    From the source tree's pyproject.toml when there is one, else from the installed package's
-    metadata, which was built from it."""
-    pyproject = Path(__file__).resolve().parents[4] / "pyproject.toml"
-    if pyproject.is_file() and 'name = "eopipe"' in (text := pyproject.read_text()):
-        m = re.search(r'^spark = \["(pyspark==[^"]+)"\]$', text, re.M)
-        lines = [m.group(1)] if m else []
-    else:
-        lines = [r for r in metadata.requires("eopipe") or () if 'extra == "spark"' in r]
-    for line in lines:
-        if m := _PYSPARK_PIN.match(line):
+    """The Spark release of the image: the pyspark pin of the `spark` extra, written only in
+    pyproject.toml (hack/spark-version.sh reads it for the image and the connector jars), as
+    the installed package's metadata carries it."""
+    for line in metadata.requires("eopipe") or ():
+        if 'extra == "spark"' in line and (m := _PYSPARK_PIN.match(line)):
             return m.group(1)
-    raise RuntimeError(f"no pyspark==<version> pin in the `spark` extra of eopipe ({pyproject})")
+    raise RuntimeError("the installed eopipe has no pyspark==<version> pin in its `spark` extra")
 
 
 def spark_config(names: Names) -> dict:
