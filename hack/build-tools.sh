@@ -4,7 +4,9 @@
 # rules' checker and unit-test runner, github.com/prometheus/prometheus) and toxiproxy (the TCP
 # fault proxy of the Kafka network fault tests, github.com/Shopify/toxiproxy/v2), pinned below,
 # and argocd-health (hack/argocd-health: argocd/health.lua run by Argo CD's own code, its module
-# pinned in hack/argocd-health/go.mod).
+# pinned in hack/argocd-health/go.mod); and for the node tier's cluster add-ons, CoreDNS
+# (github.com/coredns/coredns) and local-path-provisioner (github.com/rancher/local-path-provisioner,
+# the dynamic PV provisioner kind ships), each run there as a pod from a one-binary image.
 #
 # Idempotent: each tool lands in $EOPIPE_CACHE/tools-<name>-<version>/bin/<name> (for
 # argocd-health the version is a hash of hack/argocd-health/, so an edit there rebuilds it);
@@ -15,7 +17,8 @@
 # per line, in the order asked: helm, kubeconform, promtool, toxiproxy, argocd-health by
 # default), progress on stderr.
 #
-# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy|argocd-health ...]   (default: all five)
+# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy|argocd-health|coredns|local-path-provisioner ...]
+#   (default: the first five; the node tier asks for the add-ons)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 HELM_VERSION="${HELM_VERSION:-v3.21.4}"
@@ -25,6 +28,8 @@ KUBECONFORM_VERSION="${KUBECONFORM_VERSION:-v0.8.0}"
 PROMTOOL_VERSION="${PROMTOOL_VERSION:-v0.316.0}"
 # The proxy lists v2.3.0 and v2.5.0 for the /v2 module (`go list -m -versions`); v2.5.0 is @latest.
 TOXIPROXY_VERSION="${TOXIPROXY_VERSION:-v2.5.0}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.14.7}"
+LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
 
 tool_version() {
   case "$1" in
@@ -33,7 +38,9 @@ tool_version() {
     promtool) echo "$PROMTOOL_VERSION" ;;
     toxiproxy) echo "$TOXIPROXY_VERSION" ;;
     argocd-health) echo "src-$(source_hash "$REPO_ROOT/hack/argocd-health")" ;;
-    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy, argocd-health)" >&2; exit 2 ;;
+    coredns) echo "$COREDNS_VERSION" ;;
+    local-path-provisioner) echo "$LOCAL_PATH_VERSION" ;;
+    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy, argocd-health, coredns, local-path-provisioner)" >&2; exit 2 ;;
   esac
 }
 
@@ -53,6 +60,8 @@ tool_package() {
     # after its package directory, so it is renamed to toxiproxy below.
     toxiproxy) echo "github.com/Shopify/toxiproxy/v2/cmd/server" ;;
     argocd-health) echo "./hack/argocd-health" ;;
+    coredns) echo "github.com/coredns/coredns" ;;
+    local-path-provisioner) echo "github.com/rancher/local-path-provisioner" ;;
   esac
 }
 
@@ -85,7 +94,7 @@ tool_ldflags() {
       ;;
     kubeconform) echo "-s -w -X main.version=$KUBECONFORM_VERSION" ;;
     toxiproxy) echo "-s -w -X github.com/Shopify/toxiproxy/v2.Version=$TOXIPROXY_VERSION" ;;
-    argocd-health) echo "-s -w" ;;
+    argocd-health | coredns | local-path-provisioner) echo "-s -w" ;;
     promtool)
       # `promtool --version` shows the release (v0.316.0 -> 3.16.0), as Prometheus's .promu.yml stamps it.
       local minor patch release

@@ -4,7 +4,8 @@
 # plane (tests/e2e/test_operator.py, make demo). Needs: docker, kind, kubectl, helm on PATH.
 #
 #   1. a kind cluster `eopipe-e2e`; the operator image built from this repo and loaded into it
-#   2. a single-node Kafka in namespace eopipe-e2e (hack/kind/kafka.yaml)
+#   2. a single-node Kafka in namespace kafka (hack/kind/kafka.yaml): kafka.kafka.svc:9092, the
+#      address examples/*.yaml name, so the example is applied as it is
 #   3. the Helm chart, watching eopipe-e2e; examples/minimal.yaml applied and awaited Ready
 #   4. `eopipe load` with duplicates while, as in `make demo`, a dedup pod is deleted, the
 #      Kafka pod is deleted (broker restart), the dedup pods are scaled 1 -> 3 and source
@@ -26,10 +27,10 @@ docker build --target operator -t eopipe:e2e "$REPO_ROOT"
 kind load docker-image eopipe:e2e --name "$CLUSTER"
 
 step "Kafka"
-kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f -
+for ns in "$NS" kafka; do kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f -; done
 kubectl apply -f "$REPO_ROOT/hack/kind/kafka.yaml"
-kubectl -n "$NS" rollout status statefulset/kafka --timeout=300s
-BOOTSTRAP=kafka.$NS.svc:9092
+kubectl -n kafka rollout status statefulset/kafka --timeout=300s
+BOOTSTRAP=kafka.kafka.svc:9092
 
 step "operator (Helm)"
 helm upgrade --install eopipe "$REPO_ROOT/charts/eopipe" -n eopipe-system --create-namespace \
@@ -37,8 +38,7 @@ helm upgrade --install eopipe "$REPO_ROOT/charts/eopipe" -n eopipe-system --crea
   --set "watchNamespaces={$NS}" --wait --timeout 300s
 
 step "pipeline"
-sed "s/bootstrapServers: .*/bootstrapServers: $BOOTSTRAP/" "$REPO_ROOT/examples/minimal.yaml" \
-  | kubectl -n "$NS" apply -f -
+kubectl -n "$NS" apply -f "$REPO_ROOT/examples/minimal.yaml"
 kubectl -n "$NS" wait eop/minimal --for=condition=Ready --timeout=300s
 kubectl -n "$NS" get eop
 
@@ -55,8 +55,8 @@ step "fault: delete pod minimal-dedup-0"
 kubectl -n "$NS" delete pod minimal-dedup-0 --wait=false
 sleep 10
 step "fault: delete the Kafka pod (broker restart)"
-kubectl -n "$NS" delete pod kafka-0
-kubectl -n "$NS" rollout status statefulset/kafka --timeout=300s
+kubectl -n kafka delete pod kafka-0
+kubectl -n kafka rollout status statefulset/kafka --timeout=300s
 step "rebalance: dedup replicas 1 -> 3"
 kubectl -n "$NS" patch eop minimal --type=merge -p '{"spec":{"dedup":{"replicas":3}}}'
 settled

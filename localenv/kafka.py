@@ -64,12 +64,14 @@ class KafkaBroker:
     1); localenv/kafkacluster.py starts three of them as one cluster through `node_id`,
     `voters` (the static quorum), `replication` and `client_port`/`client_advertised` (an extra
     CLIENT listener advertised at a toxiproxy port, so that clients go through the proxy while
-    controller and inter-broker traffic stays direct)."""
+    controller and inter-broker traffic stays direct); the node tier binds that listener to its
+    node address (`client_host`)."""
 
     def __init__(self, workdir: Path, jars_dir: Path | None = None, *, node_id: int = 1,
                  port: int | None = None, controller_port: int | None = None, voters: str | None = None,
                  cluster_id: str | None = None, replication: int = 1, min_isr: int = 1,
                  client_port: int | None = None, client_advertised: str | None = None,
+                 client_host: str = "127.0.0.1",
                  heap: str = "1g", extra: dict[str, str] | None = None, role: str | None = None):
         self.workdir = Path(workdir)
         # Alone: a broker with its own controller process; in a static quorum (kafkacluster):
@@ -82,7 +84,7 @@ class KafkaBroker:
         self.voters = voters
         self.cluster_id = cluster_id
         self.replication, self.min_isr = replication, min_isr
-        self.client_port, self.client_advertised = client_port, client_advertised
+        self.client_port, self.client_advertised, self.client_host = client_port, client_advertised, client_host
         self.heap = heap
         self.extra = extra or {}
         self.bootstrap = f"127.0.0.1:{self.port}"  # the direct (PLAINTEXT) listener
@@ -135,8 +137,8 @@ class KafkaBroker:
         advertised = [f"PLAINTEXT://127.0.0.1:{self.port}"]
         protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
         if self.client_port:
-            listeners.append(f"CLIENT://127.0.0.1:{self.client_port}")
-            advertised.append(f"CLIENT://{self.client_advertised or f'127.0.0.1:{self.client_port}'}")
+            listeners.append(f"CLIENT://{self.client_host}:{self.client_port}")
+            advertised.append(f"CLIENT://{self.client_advertised or f'{self.client_host}:{self.client_port}'}")
             protocols += ",CLIENT:PLAINTEXT"
         return {
             "process.roles": "broker,controller" if self.role == "combined" else "broker",

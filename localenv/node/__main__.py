@@ -18,10 +18,11 @@ import time
 from pathlib import Path
 
 from localenv import REPO_ROOT
-from localenv.node import NETNS, RUN_DIR, STATE_DIR, host
+from localenv.node import NETNS, NODE_IP, RUN_DIR, STATE_DIR, host
+from localenv.node.addons import KAFKA_PORT
 
 PIDFILE = RUN_DIR / "serve.pid"
-IMAGES = RUN_DIR / "images.json"  # {"pause": ref, "app": ref}: what tests run
+IMAGES = RUN_DIR / "images.json"  # {"pause": ref, "app": ref, ...}: what the node and tests run
 SERVE_OUT = STATE_DIR / "serve.out"
 KUBECONFIG = STATE_DIR / "cp" / "admin.kubeconfig"
 
@@ -49,6 +50,7 @@ def _k8s_bin(quiet: bool = True) -> Path:
 
 
 def up(app_image: bool, timeout: float) -> int:
+    from localenv.kafka import ensure_kafka_jars
     from localenv.node.images import ensure_images
 
     t0 = time.monotonic()
@@ -58,6 +60,7 @@ def up(app_image: bool, timeout: float) -> int:
     if installed := host.ensure_packages():
         print(f"installed Debian packages: {' '.join(installed)}")
     _k8s_bin(quiet=False)
+    ensure_kafka_jars()  # before the namespace: it has no route to Maven
     images = ensure_images(app=app_image)
     t_prep = time.monotonic() - t0
     if any(host.leftovers().values()):  # a crashed run: start clean
@@ -69,14 +72,14 @@ def up(app_image: bool, timeout: float) -> int:
     host.ensure_netns()
     host.ensure_cgroups(host.node_cgroup_root())
     archives = [str(p) for _, p in images.values()]
+    IMAGES.write_text(json.dumps({name: ref for name, (ref, _) in images.items()}) + "\n")
     argv = ["nsenter", f"--net={host.NETNS_PATH}", "--", sys.executable, "-m", "localenv.node", "serve",
-            "--pause", images["pause"][0], *archives]
+            "--images", str(IMAGES), *archives]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     with open(SERVE_OUT, "ab") as out:
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     PIDFILE.write_text(f"{proc.pid}\n")
-    IMAGES.write_text(json.dumps({name: ref for name, (ref, _) in images.items()}) + "\n")
     deadline = time.monotonic() + timeout
     ready = RUN_DIR / "ready"
     while not ready.exists():
@@ -91,6 +94,7 @@ def up(app_image: bool, timeout: float) -> int:
     for name, (ref, _) in images.items():
         print(f"  image {name}: {ref}")
     print(f"  network namespace {NETNS}; kubectl: python -m localenv.node kubectl get pods -o wide")
+    print(f"  Kafka: {NODE_IP}:{KAFKA_PORT} in the namespace, kafka.kafka.svc:{KAFKA_PORT} from pods")
     print(f"  logs: {STATE_DIR / 'logs'}, {STATE_DIR / 'cp' / 'logs'}")
     return 0
 
@@ -122,9 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     k = sub.add_parser("kubectl", help="kubectl inside the namespace")
     k.add_argument("args", nargs=argparse.REMAINDER)
     s = sub.add_parser("serve", help="(internal) run the processes; started by up in the namespace")
-    s.add_argument("--pause", required=True)
+    s.add_argument("--images", type=Path, required=True, help="JSON: name -> image ref")
     s.add_argument("archives", nargs="*", type=Path)
-    args = ap.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["kubectl"]:  # everything after it is kubectl's, options included
+        args = argparse.Namespace(cmd="kubectl", args=argv[1:])
+    else:
+        args = ap.parse_args(argv)
     if os.geteuid() != 0:
         print("the node tier needs root (network namespace, mounts, cgroups)", file=sys.stderr)
         return 2
@@ -138,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "kubectl":
         return subprocess.run(kubectl_argv(*args.args), check=False).returncode
     from localenv.node.cluster import serve
-    return serve(args.pause, args.archives)
+    return serve(json.loads(args.images.read_text()), args.archives)
 
 
 if __name__ == "__main__":

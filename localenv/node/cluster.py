@@ -1,7 +1,9 @@
 """The node tier's processes, run by `python -m localenv.node serve` inside the tier's network
 namespace: the control plane of localenv/controlplane.py (listening on the namespace's
-addresses), containerd, the kubelet and kube-proxy. It writes RUN_DIR/ready once the node is
-Ready and kube-proxy healthy, and stops everything on SIGTERM (`down` then sweeps the rest)."""
+addresses), containerd, the kubelet, kube-proxy and a Kafka broker on the node address (as a
+Kafka outside the cluster: pods reach it through the `kafka.kafka` Service). It applies the
+add-ons (localenv/node/addons.py), writes RUN_DIR/ready once the node is Ready, kube-proxy
+healthy and the add-ons available, and stops everything on SIGTERM (`down` sweeps the rest)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from localenv.controlplane import ControlPlane, ControlPlaneError
 from localenv.daemon import LoggedProcess
+from localenv.kafka import KafkaBroker
 from localenv.node import (
     CLUSTER_DOMAIN,
     CNI_BIN_DIR,
@@ -24,6 +27,7 @@ from localenv.node import (
     POD_CIDR,
     RUN_DIR,
     STATE_DIR,
+    addons,
 )
 from localenv.node import config as cfg
 from localenv.node.host import node_cgroup_root
@@ -44,8 +48,10 @@ def _ctr() -> list[str]:
 
 
 class Node:
-    def __init__(self, pause_image: str, archives: list[Path]):
-        self.pause_image, self.archives = pause_image, archives
+    def __init__(self, images: dict[str, str], archives: list[Path]):
+        self.images, self.archives = images, archives
+        self.pause_image = images["pause"]
+        self.kafka: KafkaBroker | None = None
         self.cp = NodeControlPlane(CP_DIR)
         self.logs = STATE_DIR / "logs"
         self.procs: list[LoggedProcess] = []
@@ -107,7 +113,7 @@ class Node:
         kcfg = STATE_DIR / "kubelet.json"
         kcfg.write_text(cfg.kubelet_config(node_ip=NODE_IP, sock=CONTAINERD_SOCK,
                                            cgroup_root_path=node_cgroup_root(), ca=self.cp.ca_cert,
-                                           cluster_domain=CLUSTER_DOMAIN,
+                                           cluster_domain=CLUSTER_DOMAIN, cluster_dns=addons.DNS_IP,
                                            pod_logs_dir=STATE_DIR / "pod-logs"))
         self._spawn("kubelet", cfg.kubelet_argv(
             self.cp.binaries["kube-apiserver"].with_name("kubelet"), config=kcfg,
@@ -124,7 +130,29 @@ class Node:
                                    f"--config={pcfg}", "--v=1"])
         self._wait("kube-proxy /healthz", self._proxy_healthy, 60)
         self.timings["kube-proxy healthy"] = time.monotonic() - t
+
+        t = time.monotonic()
+        # The broker's CLIENT listener on the node address, advertised there; the PLAINTEXT one
+        # stays on the namespace's loopback for the broker's own use.
+        self.kafka = KafkaBroker(STATE_DIR / "kafka", client_port=addons.KAFKA_PORT, client_host=NODE_IP,
+                                 client_advertised=f"{NODE_IP}:{addons.KAFKA_PORT}")
+        self.kafka.launch()
+        self._apply(addons.manifests(self.images, NODE_IP))
+        for ns, name in addons.DEPLOYMENTS:
+            self._wait(f"deployment {ns}/{name} available", lambda: self._available(ns, name), 120)
+        self.kafka._wait_ready(time.monotonic() + 90)
+        self.timings["add-ons and Kafka"] = time.monotonic() - t
         self.timings["total"] = time.monotonic() - t0
+
+    def _apply(self, objs: list[dict]) -> None:
+        doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
+        res = self.cp.kubectl_run("apply", "-f", "-", input=doc, check=False)
+        if res.returncode != 0:
+            raise ControlPlaneError(f"applying the add-ons failed: {res.stderr}")
+
+    def _available(self, ns: str, name: str) -> bool:
+        r = self.kubectl("-n", ns, "get", "deployment", name, "-o", "jsonpath={.status.availableReplicas}")
+        return r.returncode == 0 and r.stdout.strip() not in ("", "0")
 
     def _node_ready(self) -> bool:
         r = self.kubectl("get", "node", NODE_NAME, "-o",
@@ -142,7 +170,7 @@ class Node:
 
     @property
     def running(self) -> bool:
-        return self.cp.running and all(p.alive() for p in self.procs)
+        return self.cp.running and all(p.alive() for p in self.procs) and (self.kafka is None or self.kafka.running)
 
     def _drain(self, timeout: float = 30) -> None:
         """Deletes every pod and waits for the kubelet to tear their sandboxes down (CNI DEL
@@ -161,16 +189,18 @@ class Node:
         for p in reversed(self.procs):
             p.stop(grace=10)
         self.procs = []
+        if self.kafka is not None:
+            self.kafka.stop()
         self.cp.stop()
 
 
-def serve(pause_image: str, archives: list[Path]) -> int:
+def serve(images: dict[str, str], archives: list[Path]) -> int:
     def on_signal(signum, _frame):
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    node = Node(pause_image, archives)
+    node = Node(images, archives)
     try:
         node.start()
         READY.write_text(json.dumps({k: round(v, 1) for k, v in node.timings.items()}) + "\n")

@@ -82,7 +82,7 @@ def cni_conflist(bridge: str, pod_cidr: str, ipam_dir: Path) -> str:
 
 
 def kubelet_config(*, node_ip: str, sock: Path, cgroup_root_path: str, ca: Path,
-                   cluster_domain: str, pod_logs_dir: Path) -> str:
+                   cluster_domain: str, cluster_dns: str, pod_logs_dir: Path) -> str:
     cfg = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -105,7 +105,8 @@ def kubelet_config(*, node_ip: str, sock: Path, cgroup_root_path: str, ca: Path,
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2%",
                          "imagefs.available": "2%"},
         "clusterDomain": cluster_domain,
-        # No DNS yet (CoreDNS is a later step): pods get no nameserver rather than the host's.
+        "clusterDNS": [cluster_dns],
+        # Not the host's resolvers: pods (ClusterFirst) ask CoreDNS, which knows only the cluster.
         "resolvConf": "",
         "maxPods": 50,
         "serializeImagePulls": False,

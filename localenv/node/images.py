@@ -1,7 +1,8 @@
 """The node tier's images, built with no registry and cached by a content hash of their inputs
 under $EOPIPE_CACHE/node-images (docs/design.md#the-local-environment):
 
-- pause: localenv/node/pause/main.go built static, the image's only file.
+- pause: localenv/node/pause/main.go built static, the image's only file; CoreDNS and
+  local-path-provisioner (hack/build-tools.sh) the same way.
 - base: `mmdebstrap --variant=minbase bookworm` with python3 and python3-venv, and a venv on
   PATH (Debian's python refuses pip installs outside one, PEP 668). It stands in for the
   python slim image a user's build starts FROM.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,7 @@ VENV = "/opt/venv"
 # What the Dockerfile's build context contributes (its COPY sources); a change rebuilds.
 APP_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "spark_app")
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+ADDONS = ("coredns", "local-path-provisioner")
 
 
 def _hash(*parts: bytes) -> str:
@@ -90,28 +93,49 @@ class Buildah:
         return dest
 
 
-def pause_image(b: Buildah) -> tuple[str, Path]:
-    go = subprocess.run(["go", "env", "GOVERSION"], check=True, text=True, stdout=subprocess.PIPE).stdout
-    ref = f"localhost/eopipe-pause:{_hash(PAUSE_SRC.read_bytes(), go.encode())}"
+def _binary_image(b: Buildah, name: str, binary: Path, key: str) -> tuple[str, Path]:
+    """An image whose only file is one static binary, its entrypoint, run as 65535 (the pause
+    image, and the node's add-ons: CoreDNS, local-path-provisioner). Cached by `key`."""
+    ref = f"localhost/eopipe-{name}:{key}"
     dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
     if dest.exists():
         return ref, dest
     _log(f"building {ref}")
-    with tempfile.TemporaryDirectory() as tmp:
-        binary = Path(tmp) / "pause"
-        subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), str(PAUSE_SRC)],
-                       check=True, env={**os.environ, "CGO_ENABLED": "0", "GO111MODULE": "off"})
-        ctr = b("from", "--quiet", "scratch", capture=True)
-        try:
-            b("copy", "--quiet", ctr, str(binary), "/pause")
-            b("config", "--entrypoint", '["/pause"]', "--user", "65535:65535", ctr)
-            b("commit", "--quiet", ctr, ref)
-        finally:
-            b("rm", ctr)
+    ctr = b("from", "--quiet", "scratch", capture=True)
+    try:
+        b("copy", "--quiet", ctr, str(binary), f"/{name}")
+        b("config", "--entrypoint", f'["/{name}"]', "--user", "65535:65535", ctr)
+        b("commit", "--quiet", ctr, ref)
+    finally:
+        b("rm", ctr)
     return ref, b.archive(ref, dest)
 
 
+def pause_image(b: Buildah) -> tuple[str, Path]:
+    go = subprocess.run(["go", "env", "GOVERSION"], check=True, text=True, stdout=subprocess.PIPE).stdout
+    key = _hash(PAUSE_SRC.read_bytes(), go.encode())
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = Path(tmp) / "pause"
+        if not (CACHE / f"eopipe-pause-{key}.tar").exists():
+            subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", str(binary), str(PAUSE_SRC)],
+                           check=True, env={**os.environ, "CGO_ENABLED": "0", "GO111MODULE": "off"})
+        return _binary_image(b, "pause", binary, key)
+
+
+def addon_images(b: Buildah) -> dict[str, tuple[str, Path]]:
+    """CoreDNS and local-path-provisioner from hack/build-tools.sh (cached by version), each
+    in an image keyed by the hash of its binary."""
+    out = subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), *ADDONS], check=True, text=True,
+                         stdout=subprocess.PIPE).stdout.split()
+    images = {}
+    for name, bin_dir in zip(ADDONS, out):
+        binary = Path(bin_dir) / name
+        images[name] = _binary_image(b, name, binary, _hash(binary.read_bytes()))
+    return images
+
+
 def base_image(b: Buildah) -> str:
+    """The base's ref in buildah's store (the app image builds FROM it)."""
     recipe = f"mmdebstrap --variant=minbase {BASE_SUITE} {','.join(BASE_PACKAGES)}; venv {VENV}"
     ref = f"localhost/eopipe-base:{_hash(recipe.encode())}"
     if b.has_image(ref):
@@ -157,8 +181,8 @@ def app_image(b: Buildah) -> tuple[str, Path]:
 
 def _prune(b: Buildah, ref: str, dest: Path) -> None:
     """Only the newest app image is kept (each is some 350 MB, and every source change makes one)."""
-    for old in CACHE.glob("eopipe-[0-9a-f]*.tar"):
-        if old != dest:
+    for old in CACHE.glob("eopipe-*.tar"):
+        if re.fullmatch(r"eopipe-[0-9a-f]{16}\.tar", old.name) and old != dest:
             old.unlink()
     repo = ref.rsplit(":", 1)[0]
     for line in b("images", "--noheading", "--format", "{{.Name}}:{{.Tag}}", capture=True).splitlines():
@@ -166,11 +190,19 @@ def _prune(b: Buildah, ref: str, dest: Path) -> None:
             b("rmi", line)
 
 
+def base_archive(b: Buildah) -> tuple[str, Path]:
+    """The base as an image of the node: local-path-provisioner's helper pods run its shell."""
+    ref = base_image(b)
+    dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
+    return ref, dest if dest.exists() else b.archive(ref, dest)
+
+
 def ensure_images(app: bool = True) -> dict[str, tuple[str, Path]]:
-    """{"pause": (ref, archive), "app": (ref, archive)}: built once, then from the cache."""
+    """{"pause", "base", "coredns", "local-path-provisioner", "app"}: (ref, archive), built
+    once, then from the cache. Without app, only what a Ready node with its add-ons needs."""
     CACHE.mkdir(parents=True, exist_ok=True)
     b = Buildah()
-    out = {"pause": pause_image(b)}
+    out = {"pause": pause_image(b), "base": base_archive(b), **addon_images(b)}
     if app:
         out["app"] = app_image(b)
     return out

@@ -14,10 +14,24 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from localenv import REPO_ROOT
 from localenv.node import NETNS, NODE_NAME, POD_CIDR, RUN_DIR
 from localenv.node.host import KUBELET_SYSCTLS, shim_sockets
+from tests.helpers.nodetier import (
+    BOOTSTRAP,
+    EOPIPE,
+    eopipe,
+    helm,
+    in_tier,
+    kill_container,
+    kubectl,
+    kubectl_json,
+    log,
+    topics,
+    wait,
+)
 
 # `make test` and `make test-node` set EOPIPE_NODE_TESTS=1; a bare pytest skips these (a first run
 # installs Debian packages and builds the images: minutes). They need root (docs/design.md#the-node-tier).
@@ -36,12 +50,6 @@ def _node(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "localenv.node", *args], check=False, cwd=REPO_ROOT,
                           text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-
-
-def kubectl(*args: str) -> str:
-    res = _node("kubectl", *args, timeout=120)
-    assert res.returncode == 0, res.stdout
-    return res.stdout
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +118,101 @@ def test_pod_from_the_project_image_runs_on_the_kubelet(node_tier):
     # The pod's shim socket: at a fixed host path; the teardown test checks it is gone.
     node_tier["shim_sockets"] = shim_sockets()
     assert node_tier["shim_sockets"], "no shim socket found for the running pod"
+
+
+def _settled(ns: str, name: str, after: int | None = None) -> dict | None:
+    obj = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)
+    st = obj.get("status") or {}
+    ready = next((c for c in st.get("conditions", []) if c["type"] == "Ready"), {})
+    ok = (ready.get("status") == "True" and st.get("phase") == "Running" and not st.get("rebalance")
+          and st.get("observedGeneration") == obj["metadata"]["generation"]
+          and (after is None or (st.get("lastRebalance") or {}).get("id", -1) > after))
+    return obj if ok else None
+
+
+def _restarts(ns: str, pod: str) -> int:
+    st = kubectl_json("-n", ns, "get", "pod", pod)["status"].get("containerStatuses") or [{}]
+    return st[0].get("restartCount", 0)
+
+
+def _ready_pods(ns: str, name: str) -> int:
+    return kubectl_json("-n", ns, "get", "statefulset", f"{name}-dedup")["status"].get("readyReplicas", 0)
+
+
+def _last_rebalance(ns: str, name: str) -> int:
+    st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}
+    return (st.get("lastRebalance") or {}).get("id", -1)
+
+
+def _rescale(ns: str, name: str, change: list[str], what: str) -> None:
+    before = _last_rebalance(ns, name)
+    kubectl("-n", ns, *change)
+    t = time.monotonic()
+    wait(lambda: _settled(ns, name, before), 300, f"{name} settled after {what}")
+    log(f"{what}: settled in {time.monotonic() - t:.0f}s")
+
+
+def test_pipeline_exactly_once_on_the_kubelet(node_tier):
+    """As a user installs and runs it: `helm install` of charts/eopipe with the built image,
+    `kubectl apply -f examples/minimal.yaml` unchanged (its Kafka is kafka.kafka.svc), its
+    dedup pods on the kubelet with claims from the provisioner. Under duplicated load: a pod
+    force-deleted, a container killed under the kubelet, 2 -> 3 -> 2 pods, 4 -> 6 source
+    partitions; then `eopipe verify` reads source and output: nothing lost, nothing twice."""
+    helm_bin = subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), "helm"], check=True,
+                              capture_output=True, text=True).stdout.split()[-1]
+    repo, tag = node_tier["app"].rsplit(":", 1)
+    t = time.monotonic()
+    helm(helm_bin, "install", "eopipe", str(REPO_ROOT / "charts" / "eopipe"), "-n", "eopipe-system",
+         "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+         "--wait", "--timeout", "180s")
+    log(f"helm install: operator available in {time.monotonic() - t:.0f}s")
+    ns, name = "default", "minimal"
+    kubectl("-n", ns, "apply", "-f", str(REPO_ROOT / "examples" / "minimal.yaml"))
+    wait(lambda: _settled(ns, name), 180, "the pipeline Ready")
+    _rescale(ns, name, ["scale", "exactlyoncepipeline", name, "--replicas=2"], "scale 1 -> 2")
+
+    load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", "events",
+                                    "--count", "60000", "--rate", "1500", "--dup-ratio", "0.3",
+                                    "--poison", "20", "--seed", "14", "--quiet", "--json"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)
+    kubectl("-n", ns, "delete", "pod", f"{name}-dedup-0", "--grace-period=0", "--force")
+    log("deleted pod minimal-dedup-0 (--grace-period=0 --force)")
+    time.sleep(4)
+    log(f"killed the container of minimal-dedup-1 under the kubelet: {kill_container(ns, f'{name}-dedup-1')[:12]}")
+    wait(lambda: _restarts(ns, f"{name}-dedup-1") >= 1 and _ready_pods(ns, name) == 2 and _settled(ns, name),
+         240, "both pods back and the pipeline Ready after the pod faults")
+    log("both pods back, pipeline Ready")
+    _rescale(ns, name, ["scale", "exactlyoncepipeline", name, "--replicas=3"], "scale 2 -> 3")
+    _rescale(ns, name, ["scale", "exactlyoncepipeline", name, "--replicas=2"], "scale 3 -> 2")
+    _rescale(ns, name, ["patch", "exactlyoncepipeline", name, "--type=merge",
+                        "-p", '{"spec": {"source": {"partitions": 6}}}'], "source partitions 4 -> 6")
+    out, err = load.communicate(timeout=300)
+    assert load.returncode == 0, err
+    sent = json.loads(out)
+    log(f"load: {sent}")
+
+    print(kubectl("get", "pods", "-A", "-o", "wide"))
+    res = eopipe("verify", "--bootstrap", BOOTSTRAP, "--source", "events", "--output", f"{ns}.{name}.deduped",
+                 "--dlq", f"{ns}.{name}.dlq", "--json", "--timeout", "400")
+    print(res.stdout, res.stderr)
+    rep = json.loads(res.stdout)
+    assert res.returncode == 0, rep
+    assert rep["lost"] == 0 and rep["duplicated"] == 0 and rep["unique_in"] > 40000, rep
+
+    # Deletion: Retain (the default) keeps the topics; Delete removes the ones it created, never
+    # the adopted source.
+    kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=120s")
+    assert {"events", f"{ns}.{name}.deduped", f"{ns}.{name}.dlq"} <= topics()
+    kubectl("create", "namespace", "team-b")
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "minimal.yaml").read_text())
+    doc["spec"].update(deletionPolicy="Delete", source={"topic": "events", "partitions": 6})
+    kubectl("-n", "team-b", "apply", "-f", "-", input=json.dumps(doc))
+    wait(lambda: _settled("team-b", name), 180, "team-b's pipeline Ready")
+    assert {f"team-b.{name}.deduped", f"team-b.{name}.dlq"} <= topics()
+    kubectl("-n", "team-b", "delete", "exactlyoncepipeline", name, "--timeout=120s")
+    left = topics()
+    assert "events" in left and not {f"team-b.{name}.deduped", f"team-b.{name}.dlq"} & left, left
 
 
 def test_down_leaves_nothing_behind(node_tier):

@@ -80,6 +80,29 @@ def test_poison_records_dead_lettered_with_key_spec(pipe, key):
     assert rep.out == stats["unique"]
 
 
+def test_output_keeps_the_source_partition_whatever_the_record_key(pipe):
+    """Dedup by a JSON field while record keys say something else (an account): each record
+    reaches the output partition it was deduplicated in, its home by the field, never the one
+    the producer's partitioner would pick from the record key."""
+    from confluent_kafka import Producer
+
+    from eopipe.core.partitioner import murmur2_partition
+
+    w = pipe.worker([0, 1, 2], extra=["--key", "json:id"]).start().wait_ready()
+    prod = Producer({"bootstrap.servers": pipe.bootstrap})
+    ids = [f"pay-{i}" for i in range(300)]
+    for i, id_ in enumerate(ids):
+        prod.produce(pipe.source, json.dumps({"id": id_}).encode(), f"account-{i % 7}".encode(),
+                     murmur2_partition(id_.encode(), 3))
+    assert prod.flush(30) == 0
+    pipe.wait_drained()
+    assert w.terminate() == 0
+    out = {json.loads(m.value())["id"]: m.partition() for m in TopicReader(pipe.bootstrap).read(pipe.output, timeout=60)}
+    assert sorted(out) == sorted(ids)
+    misplaced = {i: p for i, p in out.items() if p != murmur2_partition(i.encode(), 3)}
+    assert not misplaced, f"{len(misplaced)} records not in their home partition, e.g. {list(misplaced.items())[:3]}"
+
+
 def test_crash_between_kafka_commit_and_rocksdb_write(pipe):
     """The test hook exits right after commit_transaction, before the RocksDB write: the
     restart must replay [applied, committed) into the state or it would re-emit."""

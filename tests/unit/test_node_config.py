@@ -38,12 +38,14 @@ def test_containerd_config():
 
 def test_kubelet_config():
     c = json.loads(cfg.kubelet_config(node_ip="10.1.0.2", sock=Path("/r/c.sock"), cgroup_root_path="/x/n",
-                                      ca=Path("/ca.crt"), cluster_domain="cluster.local", pod_logs_dir=Path("/l")))
+                                      ca=Path("/ca.crt"), cluster_domain="cluster.local", cluster_dns="10.0.0.10",
+                                      pod_logs_dir=Path("/l")))
     assert c["cgroupDriver"] == "cgroupfs" and c["failCgroupV1"] is False
     assert c["imageGCHighThresholdPercent"] == 100 and c["imageGCLowThresholdPercent"] < 100
     assert c["containerRuntimeEndpoint"] == "unix:///r/c.sock" and c["cgroupRoot"] == "/x/n"
     assert c["authentication"]["anonymous"]["enabled"] is False and c["readOnlyPort"] == 0
-    assert c["resolvConf"] == "" and c["podLogsDir"] == "/l"
+    assert c["resolvConf"] == "" and c["podLogsDir"] == "/l"  # no host resolver reaches a pod
+    assert c["clusterDNS"] == ["10.0.0.10"]
 
 
 def test_kube_proxy_config():

@@ -75,6 +75,15 @@ def _write_status(rec: Reconciler, body, outcome) -> dict:
     return status
 
 
+def _progressing(status, **_) -> bool:
+    """Work under way: a rebalance, or stages not ready yet (condition Reconciling, as when pods
+    are starting). Such a pipeline is stepped every rebalance_poll_seconds, so that Ready follows
+    the pods within seconds rather than at the next resync."""
+    st = status or {}
+    return bool(st.get("rebalance")) or any(
+        c.get("type") == "Reconciling" and c.get("status") == "True" for c in st.get("conditions") or [])
+
+
 def _autoscaling(spec, **_) -> bool:
     auto = ((spec or {}).get("dedup") or {}).get("autoscale")
     return isinstance(auto, dict) and auto.get("enabled", True) is not False
@@ -156,11 +165,11 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
         except kopf.TemporaryError:
             pass  # already in status; the next tick tries again
 
-    # While a rebalance runs (Kopf stops the timer once status.rebalance is gone), its next
-    # step does not wait for the resync, which is minutes apart by default.
+    # While a rebalance runs or pods come up (Kopf stops the timer once that is over), the next
+    # step does not wait for the resync, which is a minute or more apart.
     @kopf.timer(*RESOURCE, interval=config.rebalance_poll_seconds, initial_delay=config.rebalance_poll_seconds,
-                when=lambda status, **_: bool((status or {}).get("rebalance")), registry=registry)
-    def rebalance_step(body, logger, **kw):
+                when=_progressing, registry=registry)
+    def progress_step(body, logger, **kw):
         resync(body=body, logger=logger, **kw)
 
     # The autoscaler's sync period (control/autoscale.py): lag and records/s observed and

@@ -123,13 +123,16 @@ class Transaction:
             hdrs = m.headers()
             if hdrs:  # the reroute mark is internal: it never reaches the output
                 hdrs = [h for h in hdrs if h[0] != H_REROUTED] or None
+            # To the partition it was read from, never by the producer's partitioner: the
+            # output keeps each source partition's order whatever the record key, and right
+            # after partition growth no stale partition count can place it elsewhere.
             try:  # the hot path: inline; the helper handles a full queue and errors
                 if hdrs:
-                    produce(out, m.value(), m.key(), timestamp=ts, headers=hdrs)
+                    produce(out, m.value(), m.key(), p, timestamp=ts, headers=hdrs)
                 else:
-                    produce(out, m.value(), m.key(), timestamp=ts)
+                    produce(out, m.value(), m.key(), p, timestamp=ts)
             except (BufferError, KafkaException):
-                self._produce(produce, out, m.value(), m.key(), -1, ts, hdrs)
+                self._produce(produce, out, m.value(), m.key(), p, ts, hdrs)
             emitted += 1
         self.producer.poll(0)
         c = self.counts

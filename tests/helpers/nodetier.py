@@ -1,0 +1,87 @@
+"""Driving the node tier from a test as a user drives a cluster: kubectl, helm and eopipe's own
+CLI run inside the tier's network namespace (the only place its addresses exist)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from localenv import REPO_ROOT
+from localenv.node import CONTAINERD_SOCK, NODE_IP
+from localenv.node.__main__ import KUBECONFIG, kubectl_argv
+from localenv.node.addons import KAFKA_PORT
+from localenv.node.host import NETNS_PATH
+
+# Where tests (in the namespace, not in a pod) reach the broker; pods use kafka.kafka.svc.
+BOOTSTRAP = f"{NODE_IP}:{KAFKA_PORT}"
+PY = str(REPO_ROOT / ".venv" / "bin" / "python")
+EOPIPE = str(REPO_ROOT / ".venv" / "bin" / "eopipe")
+
+
+def in_tier(*argv: str) -> list[str]:
+    return ["nsenter", f"--net={NETNS_PATH}", "--", *argv]
+
+
+def run(argv: list[str], timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, check=False, cwd=REPO_ROOT, text=True, input=input, capture_output=True,
+                          timeout=timeout)
+
+
+def kubectl(*args: str, timeout: float = 120, input: str | None = None, check: bool = True) -> str:
+    res = run(kubectl_argv(*args), timeout=timeout, input=input)
+    assert res.returncode == 0 or not check, f"kubectl {' '.join(args)}: {res.stderr}"
+    return res.stdout
+
+
+def kubectl_json(*args: str) -> dict:
+    return json.loads(kubectl(*args, "-o", "json"))
+
+
+def helm(tools_bin: str, *args: str, timeout: float = 300) -> str:
+    res = run(in_tier(f"{tools_bin}/helm", f"--kubeconfig={KUBECONFIG}", *args), timeout=timeout)
+    assert res.returncode == 0, f"helm {' '.join(args)}: {res.stdout}{res.stderr}"
+    return res.stdout
+
+
+def eopipe(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """The eopipe CLI of this checkout, inside the namespace."""
+    return run(in_tier(EOPIPE, *args), timeout=timeout)
+
+
+def python(code: str, timeout: float = 60) -> str:
+    res = run(in_tier(PY, "-c", code), timeout=timeout)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def topics() -> set[str]:
+    out = python("from confluent_kafka.admin import AdminClient\n"
+                 f"print('\\n'.join(AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})"
+                 ".list_topics(timeout=10).topics))")
+    return set(out.split())
+
+
+def kill_container(ns: str, pod: str) -> str:
+    """SIGKILL to the pod's container through containerd, as an OOM kill or a crash does: the
+    kubelet sees it exit and restarts it."""
+    status = kubectl_json("-n", ns, "get", "pod", pod)["status"]["containerStatuses"][0]
+    cid = status["containerID"].removeprefix("containerd://")
+    res = run(["ctr", "--address", str(CONTAINERD_SOCK), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", cid])
+    assert res.returncode == 0, res.stderr
+    return cid
+
+
+def wait(fn, timeout: float, what: str, interval: float = 1.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        if out := fn():
+            return out
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def log(msg: str) -> None:
+    print(f"[node tier] {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,31 @@
+"""Which pipelines the operator's fast timers step: pure predicates over status and spec."""
+
+import pytest
+
+from eopipe.control.handlers import _autoscaling, _progressing
+
+RECONCILING = {"type": "Reconciling", "status": "True"}
+SETTLED = {"type": "Reconciling", "status": "False"}
+
+
+@pytest.mark.parametrize("status, expected", [
+    (None, False),
+    ({}, False),
+    ({"phase": "Running", "conditions": [SETTLED]}, False),
+    ({"phase": "Provisioning", "conditions": [RECONCILING]}, True),   # pods starting
+    ({"phase": "Rebalancing", "rebalance": {"id": 3}, "conditions": [SETTLED]}, True),
+    ({"phase": "Degraded", "conditions": [SETTLED]}, False),          # a failure waits for the resync
+    ({"conditions": [{"type": "Ready", "status": "True"}]}, False),
+])
+def test_progressing(status, expected):
+    assert _progressing(status) is expected
+
+
+@pytest.mark.parametrize("spec, expected", [
+    (None, False),
+    ({"dedup": {}}, False),
+    ({"dedup": {"autoscale": {"maxReplicas": 4}}}, True),
+    ({"dedup": {"autoscale": {"enabled": False}}}, False),
+])
+def test_autoscaling(spec, expected):
+    assert _autoscaling(spec) is expected

@@ -1,0 +1,55 @@
+"""The node tier's add-on manifests (localenv/node/addons.py): pure, checked without a cluster."""
+
+import ipaddress
+
+import pytest
+
+from localenv.node import SERVICE_CIDR, addons
+
+IMAGES = {"coredns": "localhost/eopipe-coredns:1", "local-path-provisioner": "localhost/eopipe-lpp:1",
+          "base": "localhost/eopipe-base:1"}
+OBJS = addons.manifests(IMAGES, "10.211.0.2")
+
+
+def find(kind, name, ns=None):
+    found = [o for o in OBJS if o["kind"] == kind and o["metadata"]["name"] == name
+             and o["metadata"].get("namespace") == ns]
+    assert len(found) == 1, (kind, name, ns)
+    return found[0]
+
+
+def test_dns_service_in_the_service_cidr_maps_53_to_the_unprivileged_port():
+    svc = find("Service", "kube-dns", "kube-system")
+    assert ipaddress.ip_address(svc["spec"]["clusterIP"]) in ipaddress.ip_network(SERVICE_CIDR)
+    assert {p["port"] for p in svc["spec"]["ports"]} == {53}
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} == {addons.DNS_PORT}
+    assert f".:{addons.DNS_PORT} " in addons.COREFILE
+    assert "forward" not in addons.COREFILE  # nothing is resolved outside the cluster
+
+
+def test_default_storage_class_is_the_provisioners():
+    sc = find("StorageClass", addons.STORAGE_CLASS)
+    assert sc["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"] == "true"
+    assert sc["provisioner"] == "rancher.io/local-path"
+    cm = find("ConfigMap", "local-path-config", "local-path-storage")
+    assert addons.LOCAL_PATH_DIR in cm["data"]["config.json"]
+    assert IMAGES["base"] in cm["data"]["helperPod.yaml"]
+
+
+def test_kafka_service_points_at_the_broker_by_endpointslice():
+    svc = find("Service", addons.KAFKA_SERVICE, addons.KAFKA_NAMESPACE)
+    assert "selector" not in svc["spec"]  # endpoints are ours, not a pod selector's
+    eps = find("EndpointSlice", f"{addons.KAFKA_SERVICE}-broker", addons.KAFKA_NAMESPACE)
+    assert eps["metadata"]["labels"]["kubernetes.io/service-name"] == svc["metadata"]["name"]
+    assert eps["endpoints"][0]["addresses"] == ["10.211.0.2"]
+    assert eps["ports"][0]["port"] == svc["spec"]["ports"][0]["port"] == 9092
+
+
+@pytest.mark.parametrize("ns, name", addons.DEPLOYMENTS)
+def test_addon_pods_run_restricted_from_the_built_images(ns, name):
+    pod = find("Deployment", name, ns)["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["image"] in IMAGES.values() and c["imagePullPolicy"] == "IfNotPresent"
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+    assert find("ServiceAccount", pod["serviceAccountName"], ns)
