@@ -22,6 +22,8 @@ RUN groupadd --gid 10001 eopipe \
 
 # --- builder: wheels of the project and of all its dependencies --------------------------
 FROM python-base AS builder
+# A CA bundle for pip behind a TLS-inspecting proxy (a build argument: never in the image).
+ARG PIP_CERT
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/
@@ -30,6 +32,7 @@ RUN pip wheel --wheel-dir /wheels .
 
 # --- Spark base: Java 17 (Debian), pyspark (PyPI) -----------------------------------------
 FROM python-base AS spark-base
+ARG PIP_CERT
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps tini \
  && rm -rf /var/lib/apt/lists/* \
@@ -47,6 +50,8 @@ ENV PATH="${SPARK_HOME}/bin:${PATH}"
 
 # --- Spark connector jars, resolved by Maven from hack/spark/pom.xml ----------------------
 FROM spark-base AS spark-jars
+# e.g. -Djavax.net.ssl.trustStore=... for Maven behind a TLS-inspecting proxy (build time only).
+ARG MAVEN_OPTS
 RUN apt-get update \
  && apt-get install -y --no-install-recommends maven \
  && rm -rf /var/lib/apt/lists/*
@@ -65,7 +70,11 @@ FROM spark-base AS spark
 COPY --from=spark-jars /out/ ${SPARK_HOME}/jars/
 COPY spark_app/ /opt/eopipe/spark_app/
 COPY hack/spark/entrypoint.sh /opt/eopipe/entrypoint.sh
-WORKDIR /opt/eopipe
+# Spark runs in its working directory and writes there (an executor fetches the driver's
+# files, spark_app.zip, into it): one the runtime user owns, as Spark's own work-dir.
+RUN mkdir -p /opt/eopipe/work && chown 10001:10001 /opt/eopipe/work
+ENV PYTHONPATH=/opt/eopipe
+WORKDIR /opt/eopipe/work
 USER 10001:10001
 ENTRYPOINT ["/usr/bin/tini", "--", "/opt/eopipe/entrypoint.sh"]
 

@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
 """`make demo`: the payments pipeline end to end on a local cluster, with faults, then its verdict.
 
-What runs (all real, as local processes; see localenv/):
-  Kafka (KRaft, transactions), a Kubernetes control plane (etcd, kube-apiserver,
-  controller-manager, scheduler), a node agent that runs pods as processes, and a stand-in
-  for the Spark Operator. The eopipe operator is installed with the Helm chart and runs as a
-  pod; examples/payments.yaml is applied with kubectl.
+What runs (all real; see localenv/): by default the node tier (`make cluster`, root): a
+Kubernetes control plane, containerd, a kubelet and kube-proxy, CoreDNS and a storage
+provisioner in a network namespace of their own, pods from images built from the Dockerfile,
+a Kafka broker on the node address, and in place of the Spark Operator a runner that submits
+SparkApplications with `spark-submit --deploy-mode cluster`. The eopipe operator is installed
+with the Helm chart; examples/payments.yaml is applied with kubectl as it is.
 
 While `eopipe load` sends payments with 20% resends, 5% to a wrong partition and some
-malformed records, the demo: SIGKILLs a dedup pod's container mid-transaction, restarts the
-broker (SIGKILL), SIGKILLs the Spark driver, scales the dedup pods 2 -> 3 and adds source
-partitions 8 -> 12. Then it prints `kubectl get eop` and verifies, reading with
-read_committed: source -> deduped topic (the dedup stage) and source -> the Spark sink
-(end to end). It exits 0 only if nothing was lost or duplicated, 1 otherwise.
+malformed records, the demo: SIGKILLs a dedup pod's container mid-transaction, SIGKILLs the
+Spark driver, scales the dedup pods 2 -> 3 and adds source partitions 8 -> 12. Then it prints
+`kubectl get eop` and verifies, reading with read_committed: source -> deduped topic (the
+dedup stage) and source -> the Spark sink (end to end). It exits 0 only if nothing was lost
+or duplicated, 1 otherwise.
 
+--process-node runs it on the node agent instead (pods as local processes, the Spark driver
+in local mode; Kafka as local processes, so a broker SIGKILL + restart is among the faults).
 --quick runs the dedup stage only (Kafka and two dedup workers as plain processes, a worker
 SIGKILL and a broker restart): a one-minute look. --break-dedup turns the dedup step off
 (every record counts as new) to show that the verdict catches it.
@@ -226,11 +229,12 @@ class Cluster:
         self.spark.start()
         self.kubectl("apply", "--server-side", "-f", str(REPO / "localenv" / "crds"))
         say("kubernetes", "Spark Operator stand-in runs SparkApplications (spark-submit, local master)")
-        api = config.new_client_from_config(config_file=str(self.cp.kubeconfig))
+        self.kubeconfig, self.kubectl_bin = self.cp.kubeconfig, self.cp.kubectl
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
 
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 300) -> str:
-        return _run([str(self.cp.kubectl), "--kubeconfig", str(self.cp.kubeconfig), *args], input=input,
+        return _run([str(self.kubectl_bin), "--kubeconfig", str(self.kubeconfig), *args], input=input,
                     timeout=timeout)
 
     def helm_install(self) -> None:
@@ -239,16 +243,18 @@ class Cluster:
         env = {**os.environ, **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")}}
         say("operator", "helm install eopipe charts/eopipe (CRD, RBAC, operator Deployment)")
         self.kubectl("create", "namespace", NS)
-        _run(
-            [str(helm), "install", "eopipe", str(REPO / "charts" / "eopipe"), "--kubeconfig", str(self.cp.kubeconfig),
-             "--namespace", "eopipe-system", "--create-namespace", "--set", f"watchNamespaces={{{NS}}}",
-             # The node agent has no in-cluster mount: the pod builds a kubeconfig from its
-             # ServiceAccount token; pods share the host's ports, so it listens on its pod IP.
-             "--set", "serviceAccountKubeconfig.enabled=true", "--set", f"serviceAccountKubeconfig.server={self.cp.server}",
-             "--set", "bindAddress=$(POD_IP)", "--set", "resyncSeconds=5", "--wait", "--timeout", "240s"],
-            env=env, timeout=300)
+        sets = [a for k, v in self.helm_values().items() for a in ("--set", f"{k}={v}")]
+        _run([str(helm), "install", "eopipe", str(REPO / "charts" / "eopipe"), "--kubeconfig", str(self.kubeconfig),
+              "--namespace", "eopipe-system", "--create-namespace", "--set", f"watchNamespaces={{{NS}}}", *sets,
+              "--wait", "--timeout", "240s"], env=env, timeout=300)
         self.kubectl("-n", "eopipe-system", "rollout", "status", "deployment/eopipe", "--timeout=120s")
         say("operator", "running as a pod under its own ServiceAccount")
+
+    def helm_values(self) -> dict[str, str]:
+        # The node agent has no in-cluster mount: the pod builds a kubeconfig from its
+        # ServiceAccount token; pods share the host's ports, so it listens on its pod IP.
+        return {"serviceAccountKubeconfig.enabled": "true", "serviceAccountKubeconfig.server": self.cp.server,
+                "bindAddress": "$(POD_IP)", "resyncSeconds": "5"}
 
     def pipeline(self) -> dict:
         group, version, plural = RESOURCE
@@ -323,6 +329,56 @@ class Cluster:
         return bool(p and any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))
 
 
+class NodeCluster(Cluster):
+    """The node tier (`make cluster`): kubelet, containerd and the project's own images in a
+    network namespace, which this process joins, as kubectl and helm then do."""
+
+    def __init__(self, workdir: Path, stack: contextlib.ExitStack):
+        from kubernetes import client, config
+
+        from localenv.node import NODE_IP
+        from localenv.node import __main__ as node
+        from localenv.node.addons import KAFKA_PORT
+        from localenv.node.host import join_netns
+
+        self.workdir, self.kill_container = workdir, node.kill_container
+        say("kubernetes", "make cluster: control plane, containerd, kubelet, kube-proxy, CoreDNS, local-path-provisioner, "
+                          "Kafka on the node address, Spark Operator stand-in; images built or from the cache")
+        stack.callback(subprocess.run, [sys.executable, "-m", "localenv.node", "down"], cwd=REPO,
+                       stdout=subprocess.DEVNULL)
+        if subprocess.run([sys.executable, "-m", "localenv.node", "up"], cwd=REPO).returncode != 0:
+            raise RuntimeError("the node tier did not start (its output is above; without root: --process-node)")
+        join_netns()
+        self.images = json.loads(node.IMAGES.read_text())
+        self.kubeconfig, self.kubectl_bin = node.KUBECONFIG, node._k8s_bin() / "kubectl"
+        self.bootstrap = f"{NODE_IP}:{KAFKA_PORT}"
+        api = config.new_client_from_config(config_file=str(self.kubeconfig))
+        self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+
+    def helm_values(self) -> dict[str, str]:
+        (repo, tag), (srepo, stag) = self.images["app"].rsplit(":", 1), self.images["spark"].rsplit(":", 1)
+        return {"image.repository": repo, "image.tag": tag, "sparkImage.repository": srepo, "sparkImage.tag": stag}
+
+    def kill_dedup_pod(self, pod: str) -> None:
+        before = self._restarts(pod)
+        say("fault", f"SIGKILL the container of {pod} through containerd (a crash, mid-transaction); the kubelet restarts it")
+        t = time.monotonic()
+        self.kill_container(NS, pod)
+        wait(lambda: self._restarts(pod) > before and self._ready(pod), 180, f"{pod} Ready again")
+        say("fault", f"{pod} Ready again in {time.monotonic() - t:.1f}s (recovered from its RocksDB state)")
+
+    def kill_spark_driver(self) -> None:
+        app = self.spark_app()
+        attempts = app["status"].get("executionAttempts", 0)
+        say("fault", f"SIGKILL the Spark driver container of {app['metadata']['name']} while it streams")
+        t = time.monotonic()
+        self.kill_container(NS, app["status"]["driverInfo"]["podName"])
+        wait(lambda: (st := self.spark_app()["status"]).get("executionAttempts", 0) > attempts
+             and st["applicationState"]["state"] == "RUNNING", 300, "the Spark driver RUNNING again")
+        say("fault", f"driver resubmitted (restartPolicy OnFailure) and RUNNING in {time.monotonic() - t:.1f}s; "
+                     "it resumes from its checkpoint on its claim")
+
+
 def _summary(lr: dict) -> str:
     """status.lastRebalance in one line."""
     if lr.get("type") == "partitions":
@@ -349,13 +405,19 @@ def _output(cmd: list[str]) -> list[str]:
 
 
 def run_full(args, stack: contextlib.ExitStack) -> int:
-    kafka = start_kafka(args.workdir, stack)
-    cluster = Cluster(args.workdir, stack)
+    if args.process_node:
+        kafka = start_kafka(args.workdir, stack)
+        cluster, bootstrap = Cluster(args.workdir, stack), kafka.bootstrap
+    else:  # the node tier has its broker on the node address, behind kafka.kafka.svc
+        kafka, cluster = None, NodeCluster(args.workdir, stack)
+        bootstrap = cluster.bootstrap
     cluster.helm_install()
 
     doc = yaml.safe_load((REPO / "examples" / "payments.yaml").read_text())
-    doc["spec"]["kafka"]["bootstrapServers"] = kafka.bootstrap
-    say("pipeline", f"kubectl apply -f examples/payments.yaml -n {NS} (bootstrapServers={kafka.bootstrap})")
+    if kafka is not None:  # pods are processes on this host: they reach the broker here
+        doc["spec"]["kafka"]["bootstrapServers"] = kafka.bootstrap
+    say("pipeline", f"kubectl apply -f examples/payments.yaml -n {NS} "
+                    f"(bootstrapServers={doc['spec']['kafka']['bootstrapServers']})")
     cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(doc))
     t = time.monotonic()
     cluster.kubectl("wait", "-n", NS, "eop/payments", "--for=condition=Ready", "--timeout=400s", timeout=420)
@@ -367,17 +429,20 @@ def run_full(args, stack: contextlib.ExitStack) -> int:
     print(cluster.kubectl("get", "eop", "-n", NS), end="", flush=True)
 
     names = Names(NS, "payments", PipelineSpec.model_validate(doc["spec"]))
-    load = Load(kafka.bootstrap, names.source_topic, args.records, args.rate)
+    load = Load(bootstrap, names.source_topic, args.records, args.rate)
     time.sleep(args.records / args.rate * 0.1)
     cluster.kill_dedup_pod("payments-dedup-1")
-    broker_restart(kafka)
+    if kafka is not None:
+        broker_restart(kafka)
+    else:
+        say("fault", "no broker restart here: the node tier's broker is one process (the process tiers prove broker faults)")
     cluster.kill_spark_driver()
     cluster.rebalance("scale the dedup pods 2 -> 3 (state moves by snapshot)", {"dedup": {"replicas": 3}})
     cluster.rebalance("add source partitions 8 -> 12 (pause, re-shard state, resume)", {"source": {"partitions": 12}})
     if load.thread.is_alive():
         say("load", "faults done; the load goes on to its end")
     load.finish()
-    code = drain_and_verify(kafka.bootstrap, names, spark=True)
+    code = drain_and_verify(bootstrap, names, spark=True)
     print(cluster.kubectl("get", "eop", "-n", NS), end="")
     print(cluster.kubectl("get", "pods", "-n", NS), end="")
     print(cluster.kubectl("get", "events", "-n", NS, "--field-selector", "involvedObject.kind=ExactlyOncePipeline",
@@ -396,6 +461,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=None, help="records per second (default 300; 2000 with --quick)")
     ap.add_argument("--quick", action="store_true", help="the dedup stage only, as plain processes (about a minute)")
     ap.add_argument("--break-dedup", action="store_true", help="turn the dedup step off: the verdict must fail")
+    ap.add_argument("--process-node", action="store_true",
+                    help="the full demo on the node agent (pods as processes) instead of the node tier")
     ap.add_argument("--workdir", type=Path, default=REPO / ".work" / "demo", help="logs and data (default .work/demo)")
     args = ap.parse_args()
     args.records = args.records or (20_000 if args.quick else 40_000)

@@ -115,7 +115,7 @@ class AppRun:
     # --- lifecycle ------------------------------------------------------------------------
     def submit(self) -> None:
         try:
-            mounts = self.runner.mounts(self.app, self.dir / f"empty.{self.attempts + 1}")
+            driver = self._launch(self.attempts + 1)
         except Pending as e:
             if self.state != "PENDING":
                 log.info("app %s/%s driver pending: %s", self.ns, self.name, e)
@@ -127,19 +127,28 @@ class AppRun:
         self.attempts += 1
         self.submissions += 1
         self.rerun_at = None
+        self.driver = driver
         try:
-            argv, env = submit_command(self.app, self.runner.jars_dir, mounts=mounts)
-        except ValueError as e:
+            self.driver.start()
+        except ValueError as e:  # spark-submit refused it (cluster mode: before any pod ran)
+            self.driver = None
             self._write("SUBMISSION_FAILED", str(e))
             return
-        # The driver container's /dev/termination-log (spark_app writes why it ends there).
-        env["EOPIPE_TERMINATION_LOG"] = str(self.termination_log)
-        self.termination_log.unlink(missing_ok=True)
-        self.driver = DriverProcess(argv, env, self.dir / f"driver.{self.attempts}.log")
-        self.driver.start()
-        (self.dir / "pid").write_text(str(self.driver.pid))
-        log.info("app %s/%s submitted pid=%s: %s", self.ns, self.name, self.driver.pid, " ".join(argv))
+        if self.driver.pid:
+            (self.dir / "pid").write_text(str(self.driver.pid))
+        log.info("app %s/%s submitted: %s", self.ns, self.name, " ".join(self.driver.argv))
         self._write("SUBMITTED")
+
+    def _launch(self, attempt: int):
+        """The driver of this attempt, not started: here a local spark-submit process.
+        Raises Pending (not yet: a claim not bound) or ValueError (cannot be run)."""
+        mounts = self.runner.mounts(self.app, self.dir / f"empty.{attempt}")
+        argv, env = submit_command(self.app, self.runner.jars_dir, mounts=mounts)
+        # The driver container's /dev/termination-log (spark_app writes why it ends there).
+        log_file = self.dir / f"termination.{attempt}.log"
+        env["EOPIPE_TERMINATION_LOG"] = str(log_file)
+        log_file.unlink(missing_ok=True)
+        return DriverProcess(argv, env, self.dir / f"driver.{attempt}.log")
 
     def step(self, app: dict) -> None:
         """Called every loop with the current object."""
@@ -238,6 +247,8 @@ def app_mounts(app: dict, pv_path, empty_dir: Path) -> dict[str, str]:
 
 
 class SparkRunner:
+    app_class = AppRun
+
     def __init__(self, kubeconfig: Path, workdir: Path, jars_dir: Path | None,
                  namespace: str | None = None, max_retry_interval: float = 10.0):
         from kubernetes import client, config
@@ -288,7 +299,7 @@ class SparkRunner:
                 continue
             run = self.apps.get(uid)
             if run is None:
-                run = self.apps[uid] = AppRun(self, app)
+                run = self.apps[uid] = self.app_class(self, app)
                 run.dir.mkdir(parents=True, exist_ok=True)
             run.step(app)
 
@@ -329,24 +340,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parent-pid", type=int, default=0, help="exit (killing drivers) when it dies")
     args = ap.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(filename=args.workdir / "sparkrunner.log", level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(message)s")
     runner = SparkRunner(args.kubeconfig, args.workdir, args.jars, args.namespace, args.max_retry_interval)
+    return serve(runner, args.workdir, args.poll, args.parent_pid)
+
+
+def serve(runner: SparkRunner, workdir: Path, poll: float = 0.5, parent_pid: int = 0) -> int:
+    """The runner's loop until SIGTERM/SIGINT (or the parent's death); drivers are killed at the end."""
+    logging.basicConfig(filename=workdir / "sparkrunner.log", level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s")
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__("now", True))
     signal.signal(signal.SIGINT, lambda *_: stop.__setitem__("now", True))
-    (args.workdir / "ready").write_text(str(os.getpid()))
+    (workdir / "ready").write_text(str(os.getpid()))
     log.info("spark runner up (pid %d)", os.getpid())
     try:
         while not stop["now"]:
-            if args.parent_pid and os.getppid() != args.parent_pid:
-                log.warning("parent %d gone: exiting", args.parent_pid)
+            if parent_pid and os.getppid() != parent_pid:
+                log.warning("parent %d gone: exiting", parent_pid)
                 break
             try:
                 runner.loop_once()
             except Exception:  # noqa: BLE001 - API hiccups: log and go on
                 log.exception("loop failed")
-            time.sleep(args.poll)
+            time.sleep(poll)
     finally:
         runner.shutdown()
     return 0

@@ -42,6 +42,22 @@ def kubectl_argv(*args: str) -> list[str]:
     return ["nsenter", f"--net={host.NETNS_PATH}", "--", str(kubectl), f"--kubeconfig={KUBECONFIG}", *args]
 
 
+def kill_container(ns: str, pod: str) -> str:
+    """SIGKILL to the pod's (first) container through containerd, as an OOM kill or a crash does:
+    the kubelet sees it exit and restarts it or fails the pod. Returns the container id."""
+    from localenv.node import CONTAINERD_SOCK
+
+    res = subprocess.run(kubectl_argv("-n", ns, "get", "pod", pod, "-o",
+                                      "jsonpath={.status.containerStatuses[0].containerID}"),
+                         check=True, capture_output=True, text=True)
+    cid = res.stdout.strip().removeprefix("containerd://")
+    if not cid:
+        raise RuntimeError(f"pod {ns}/{pod} has no running container")
+    subprocess.run(["ctr", "--address", str(CONTAINERD_SOCK), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", cid],
+                   check=True, capture_output=True)
+    return cid
+
+
 def _k8s_bin(quiet: bool = True) -> Path:
     out = subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-k8s.sh"), "--node"], check=True,
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL if quiet else None,
@@ -61,7 +77,7 @@ def up(app_image: bool, timeout: float) -> int:
         print(f"installed Debian packages: {' '.join(installed)}")
     _k8s_bin(quiet=False)
     ensure_kafka_jars()  # before the namespace: it has no route to Maven
-    images = ensure_images(app=app_image)
+    images = ensure_images(app=app_image, spark=app_image)
     t_prep = time.monotonic() - t0
     if any(host.leftovers().values()):  # a crashed run: start clean
         host.sweep()

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from localenv import REPO_ROOT
 from localenv.controlplane import ControlPlane, ControlPlaneError
 from localenv.daemon import LoggedProcess
 from localenv.kafka import KafkaBroker
@@ -35,6 +37,7 @@ from localenv.node.images import import_images
 from localenv.pki import _client_ext, _sign, _write_kubeconfig
 
 CP_DIR = STATE_DIR / "cp"
+SPARK_CRD = REPO_ROOT / "localenv" / "crds" / "sparkapplications.sparkoperator.k8s.io.yaml"
 READY = RUN_DIR / "ready"
 
 
@@ -138,6 +141,21 @@ class Node:
                                  client_advertised=f"{NODE_IP}:{addons.KAFKA_PORT}")
         self.kafka.launch()
         self._apply(addons.manifests(self.images, NODE_IP))
+        # The Spark Operator's part: its CRD, and the runner that submits to the cluster.
+        res = self.cp.kubectl_run("apply", "--server-side", "-f", str(SPARK_CRD), check=False)
+        if res.returncode != 0:
+            raise ControlPlaneError(f"applying {SPARK_CRD.name} failed: {res.stderr}")
+        token = STATE_DIR / "spark-operator" / "token"
+        token.parent.mkdir(parents=True, exist_ok=True)
+        res = self.cp.kubectl_run("-n", addons.SPARK_OPERATOR_NS, "create", "token", addons.SPARK_OPERATOR_SA,
+                                  "--duration=48h", check=False)
+        if res.returncode != 0:
+            raise ControlPlaneError(f"no token for the Spark Operator stand-in: {res.stderr}")
+        token.write_text(res.stdout.strip())
+        self._spawn("spark-operator", [
+            sys.executable, "-m", "localenv.node.sparkpods", f"--kubeconfig={self.cp.kubeconfig}",
+            f"--workdir={token.parent}", f"--master=k8s://{self.cp.server}",
+            f"--ca={self.cp.ca_cert}", f"--token={token}"])
         for ns, name in addons.DEPLOYMENTS:
             self._wait(f"deployment {ns}/{name} available", lambda: self._available(ns, name), 120)
         self.kafka._wait_ready(time.monotonic() + 90)

@@ -122,6 +122,20 @@ def ensure_netns() -> None:
     run(*ns, "route", "replace", SERVICE_CIDR, "dev", NODE_LINK, "src", NODE_IP)
 
 
+def join_netns() -> None:
+    """Moves the calling thread (call it before any other starts: threads made later inherit it)
+    into the tier's namespace, as `nsenter --net` does for a command; for a process, such as the
+    demo, that then talks to the tier's addresses itself."""
+    import ctypes
+
+    fd = os.open(NETNS_PATH, os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns {NETNS_PATH}")
+    finally:
+        os.close(fd)
+
+
 def _netns_inode() -> int | None:
     try:
         return NETNS_PATH.stat().st_ino

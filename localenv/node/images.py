@@ -33,6 +33,11 @@ VENV = "/opt/venv"
 # What the Dockerfile's build context contributes (its COPY sources); a change rebuilds.
 APP_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "spark_app")
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+HOST_JAVA_TRUST = Path("/etc/ssl/certs/java/cacerts")
+BUILD_JAVA_TRUST = "/run/eopipe-build/cacerts"
+SPARK_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "spark_app", "hack/lib.sh",
+                "hack/fetch-spark-jars.sh", "hack/spark-version.sh", "hack/spark/pom.xml",
+                "hack/spark/entrypoint.sh")
 ADDONS = ("coredns", "local-path-provisioner")
 
 
@@ -159,30 +164,54 @@ def base_image(b: Buildah) -> str:
     return ref
 
 
-def app_image(b: Buildah) -> tuple[str, Path]:
-    """The operator/dedup image from the Dockerfile on the mmdebstrap base."""
+def _trust_args() -> list[str]:
+    """This machine's TLS-inspecting proxy: the host's CA bundle for pip and its Java trust store
+    for Maven, mounted read-only into the build's RUN steps and named by build arguments, which
+    stay out of the images."""
+    args = []
+    if HOST_CA.exists():
+        args += ["--volume", f"{HOST_CA}:{HOST_CA}:ro", "--build-arg", f"PIP_CERT={HOST_CA}"]
+    if HOST_JAVA_TRUST.exists():
+        args += ["--volume", f"{HOST_JAVA_TRUST}:{BUILD_JAVA_TRUST}:ro",
+                 "--build-arg", f"MAVEN_OPTS=-Djavax.net.ssl.trustStore={BUILD_JAVA_TRUST}"]
+    return args
+
+
+def dockerfile_image(b: Buildah, target: str, inputs: tuple[str, ...]) -> tuple[str, Path]:
+    """A target of the project's Dockerfile on the mmdebstrap base, tagged by a hash of the base
+    and of the inputs (the build context the target copies)."""
     base = base_image(b)
-    ref = f"localhost/eopipe:{_hash(base.encode(), tree_hash(REPO_ROOT, APP_INPUTS).encode())}"
+    name = "eopipe" if target == "operator" else f"eopipe-{target}"
+    ref = f"localhost/{name}:{_hash(base.encode(), target.encode(), tree_hash(REPO_ROOT, inputs).encode())}"
     dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
     if dest.exists():
         return ref, dest
-    _log(f"building {ref} from the Dockerfile (FROM {base})")
+    _log(f"building {ref} from the Dockerfile, target {target} (FROM {base})")
     t0 = time.monotonic()
-    # The host's CA bundle, for pip behind this machine's TLS-inspecting proxy (build time only).
-    ca = ["--volume", f"{HOST_CA}:{HOST_CA}:ro", "--env", f"PIP_CERT={HOST_CA}"] if HOST_CA.exists() else []
     b("bud", "--quiet", "--isolation", "chroot", "--network", "host", "--pull=never", "--layers=false",
-      "--build-arg", f"PYTHON_IMAGE={base}", "--target", "operator", *ca,
+      "--build-arg", f"PYTHON_IMAGE={base}", "--target", target, *_trust_args(),
       "-f", str(REPO_ROOT / "Dockerfile"), "-t", ref, str(REPO_ROOT))
     _log(f"{ref} built in {time.monotonic() - t0:.0f}s")
     b.archive(ref, dest)
-    _prune(b, ref, dest)
+    _prune(b, name, ref, dest)
     return ref, dest
 
 
-def _prune(b: Buildah, ref: str, dest: Path) -> None:
-    """Only the newest app image is kept (each is some 350 MB, and every source change makes one)."""
-    for old in CACHE.glob("eopipe-*.tar"):
-        if re.fullmatch(r"eopipe-[0-9a-f]{16}\.tar", old.name) and old != dest:
+def app_image(b: Buildah) -> tuple[str, Path]:
+    """The operator/dedup image."""
+    return dockerfile_image(b, "operator", APP_INPUTS)
+
+
+def spark_image(b: Buildah) -> tuple[str, Path]:
+    """The Spark image: Java, pyspark, the Kafka connector jars (Maven), spark_app."""
+    return dockerfile_image(b, "spark", SPARK_INPUTS)
+
+
+def _prune(b: Buildah, name: str, ref: str, dest: Path) -> None:
+    """Only the newest image of a name is kept (each is hundreds of MB, and every source change
+    makes one)."""
+    for old in CACHE.glob(f"{name}-*.tar"):
+        if re.fullmatch(rf"{re.escape(name)}-[0-9a-f]{{16}}\.tar", old.name) and old != dest:
             old.unlink()
     repo = ref.rsplit(":", 1)[0]
     for line in b("images", "--noheading", "--format", "{{.Name}}:{{.Tag}}", capture=True).splitlines():
@@ -197,14 +226,16 @@ def base_archive(b: Buildah) -> tuple[str, Path]:
     return ref, dest if dest.exists() else b.archive(ref, dest)
 
 
-def ensure_images(app: bool = True) -> dict[str, tuple[str, Path]]:
-    """{"pause", "base", "coredns", "local-path-provisioner", "app"}: (ref, archive), built
-    once, then from the cache. Without app, only what a Ready node with its add-ons needs."""
+def ensure_images(app: bool = True, spark: bool = False) -> dict[str, tuple[str, Path]]:
+    """{"pause", "base", "coredns", "local-path-provisioner", "app", "spark"}: (ref, archive),
+    built once, then from the cache. Without app, only what a Ready node with its add-ons needs."""
     CACHE.mkdir(parents=True, exist_ok=True)
     b = Buildah()
     out = {"pause": pause_image(b), "base": base_archive(b), **addon_images(b)}
     if app:
         out["app"] = app_image(b)
+    if spark:
+        out["spark"] = spark_image(b)
     return out
 
 
@@ -216,5 +247,5 @@ def import_images(ctr: list[str], archives: list[Path]) -> None:
 
 
 if __name__ == "__main__":
-    for name, (ref, path) in ensure_images().items():
+    for name, (ref, path) in ensure_images(spark="--spark" in sys.argv).items():
         print(f"{name}\t{ref}\t{path}")

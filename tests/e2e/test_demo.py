@@ -1,7 +1,7 @@
 """`make demo` (hack/demo.py) run as a user runs it: its verdict, its teardown, the full pipeline.
 
-The demo starts its own Kafka (and, in full mode, its own control plane, node agent and Spark
-runner) on free ports, next to the suite's; each test gives it its own workdir.
+The quick demo starts its own Kafka on free ports, next to the suite's; the full one starts the
+node tier (one per machine, as `make cluster`). Each test gives it its own workdir.
 """
 
 from __future__ import annotations
@@ -94,21 +94,28 @@ def test_ctrl_c_tears_everything_down(tmp_path):
     assert not leftovers(workdir), leftovers(workdir)
 
 
-@pytest.mark.k8s
+@pytest.mark.node
 @pytest.mark.spark
 @pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("EOPIPE_NODE_TESTS") != "1",
+                    reason="node tier: run by `make test` / `make test-node` (EOPIPE_NODE_TESTS=1)")
+@pytest.mark.skipif(os.geteuid() != 0, reason="the node tier needs root")
 def test_make_demo_end_to_end(tmp_path):
-    """`make demo` itself (smaller load): chart-installed operator, payments example, all five
-    faults, both verifications exact, exit 0, nothing left running."""
-    code, out = run_demo(tmp_path, "--records", "20000", timeout=1500)
+    """`make demo` itself (smaller load), on the node tier as by default: chart-installed
+    operator, payments example as written, the faults, both verifications exact, exit 0, and
+    the tier gone afterwards."""
+    from localenv.node.host import leftovers as tier_leftovers
+
+    code, out = run_demo(tmp_path, "--records", "20000", timeout=1800)
     assert code == 0, out[-6000:]
     lines = verify_lines(out)
     assert set(lines) == {"dedup stage (source -> deduped)", "end to end (source -> Spark sink)"}, out[-3000:]
     for unique, n_out, lost, dups, verdict in lines.values():
         assert (lost, dups, verdict) == (0, 0, "OK") and n_out == unique > 15_000, out[-3000:]
-    for step in ("helm install eopipe", "Ready again", "broker back", "driver resubmitted",
+    for step in ("make cluster", "helm install eopipe", "Ready again", "driver resubmitted",
                  "replicas 2 -> 3: 2 partitions moved", "keys (", "re-sharded"):
         assert step in out, (step, out[-3000:])
     table = [ln.split() for ln in out.splitlines() if ln.startswith("payments ")]
     assert table and table[-1][:5] == ["payments", "Running", "True", "12", "3"], table
     assert not leftovers(tmp_path / "demo")
+    assert not any(tier_leftovers().values())

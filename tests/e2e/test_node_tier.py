@@ -18,6 +18,7 @@ import yaml
 
 from localenv import REPO_ROOT
 from localenv.node import NETNS, NODE_NAME, POD_CIDR, RUN_DIR
+from localenv.node.__main__ import kill_container
 from localenv.node.host import KUBELET_SYSCTLS, shim_sockets
 from tests.helpers.nodetier import (
     BOOTSTRAP,
@@ -25,7 +26,6 @@ from tests.helpers.nodetier import (
     eopipe,
     helm,
     in_tier,
-    kill_container,
     kubectl,
     kubectl_json,
     log,
@@ -160,10 +160,11 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier):
     partitions; then `eopipe verify` reads source and output: nothing lost, nothing twice."""
     helm_bin = subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), "helm"], check=True,
                               capture_output=True, text=True).stdout.split()[-1]
-    repo, tag = node_tier["app"].rsplit(":", 1)
+    (repo, tag), (spark_repo, spark_tag) = node_tier["app"].rsplit(":", 1), node_tier["spark"].rsplit(":", 1)
     t = time.monotonic()
     helm(helm_bin, "install", "eopipe", str(REPO_ROOT / "charts" / "eopipe"), "-n", "eopipe-system",
          "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+         "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
          "--wait", "--timeout", "180s")
     log(f"helm install: operator available in {time.monotonic() - t:.0f}s")
     ns, name = "default", "minimal"
@@ -213,6 +214,55 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier):
     kubectl("-n", "team-b", "delete", "exactlyoncepipeline", name, "--timeout=120s")
     left = topics()
     assert "events" in left and not {f"team-b.{name}.deduped", f"team-b.{name}.dlq"} & left, left
+
+
+def _spark_app(ns: str, name: str) -> dict:
+    return kubectl_json("-n", ns, "get", "sparkapplication", name).get("status") or {}
+
+
+def test_spark_stage_on_pods_exactly_once(node_tier):
+    """examples/payments.yaml as written, on the operator installed above: spark-submit (the Spark
+    Operator's part) starts the driver pod from the Spark image, the driver its executor pod;
+    the checkpoint is on a claim from the provisioner. Under duplicated load the driver pod is
+    deleted (resubmitted from its checkpoint, restartPolicy OnFailure) and a dedup pod
+    force-deleted; then verify the dedup stage and end to end, source -> Spark's Kafka sink."""
+    ns, name = "payments", "payments"
+    kubectl("create", "namespace", ns)
+    kubectl("-n", ns, "apply", "-f", str(REPO_ROOT / "examples" / "payments.yaml"))
+    t = time.monotonic()
+    wait(lambda: _settled(ns, name) and _spark_app(ns, f"{name}-spark").get("applicationState", {}).get("state")
+         == "RUNNING", 400, "payments Ready with its Spark driver RUNNING")
+    log(f"payments Ready, Spark driver RUNNING in {time.monotonic() - t:.0f}s")
+    wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor",
+                                      "-o", "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
+    print(kubectl("-n", ns, "get", "pods,pvc", "-o", "wide"))
+
+    load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", "payments",
+                                    "--count", "24000", "--rate", "800", "--dup-ratio", "0.3",
+                                    "--poison", "10", "--seed", "15", "--quiet", "--json"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(10)
+    kubectl("-n", ns, "delete", "pod", f"{name}-spark-driver", "--wait=false")
+    log("deleted the Spark driver pod")
+    wait(lambda: (st := _spark_app(ns, f"{name}-spark")).get("executionAttempts", 0) >= 2
+         and st.get("applicationState", {}).get("state") == "RUNNING", 300, "the driver resubmitted and RUNNING")
+    log("driver resubmitted (attempt 2) and RUNNING")
+    kubectl("-n", ns, "delete", "pod", f"{name}-dedup-1", "--grace-period=0", "--force")
+    log("deleted pod payments-dedup-1 (--grace-period=0 --force)")
+    out, err = load.communicate(timeout=300)
+    assert load.returncode == 0, err
+    log(f"load: {json.loads(out)}")
+    print(kubectl("-n", ns, "get", "pods", "-o", "wide"))
+
+    common = ["--bootstrap", BOOTSTRAP, "--source", "payments", "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
+              "--json", "--timeout", "400"]
+    for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
+                        ("end to end", ["--output", "payments-enriched", "--no-order", "--settle", "30"])):
+        res = eopipe("verify", *common, *extra)
+        print(what, res.stdout, res.stderr)
+        rep = json.loads(res.stdout)
+        assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
+        assert rep["unique_in"] > 15000, (what, rep)
 
 
 def test_down_leaves_nothing_behind(node_tier):

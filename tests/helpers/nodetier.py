@@ -9,7 +9,7 @@ import sys
 import time
 
 from localenv import REPO_ROOT
-from localenv.node import CONTAINERD_SOCK, NODE_IP
+from localenv.node import NODE_IP
 from localenv.node.__main__ import KUBECONFIG, kubectl_argv
 from localenv.node.addons import KAFKA_PORT
 from localenv.node.host import NETNS_PATH
@@ -61,16 +61,6 @@ def topics() -> set[str]:
                  f"print('\\n'.join(AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})"
                  ".list_topics(timeout=10).topics))")
     return set(out.split())
-
-
-def kill_container(ns: str, pod: str) -> str:
-    """SIGKILL to the pod's container through containerd, as an OOM kill or a crash does: the
-    kubelet sees it exit and restarts it."""
-    status = kubectl_json("-n", ns, "get", "pod", pod)["status"]["containerStatuses"][0]
-    cid = status["containerID"].removeprefix("containerd://")
-    res = run(["ctr", "--address", str(CONTAINERD_SOCK), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", cid])
-    assert res.returncode == 0, res.stderr
-    return cid
 
 
 def wait(fn, timeout: float, what: str, interval: float = 1.0):

@@ -230,6 +230,17 @@ def test_spark_image_layout(dockerfile):
     assert any(c.startswith("--from=spark-jars") and "${SPARK_HOME}/jars/" in c for c in copies), copies
 
 
+def test_spark_image_works_in_a_directory_its_user_owns(dockerfile):
+    """Executors fetch the driver's files (spark_app.zip) into their working directory: a root-
+    owned one fails every task with AccessDeniedException for the non-root user."""
+    _, stages = dockerfile
+    spark = _stage(stages, "spark")
+    workdir = [rest for op, rest in spark.instructions if op == "WORKDIR"][-1].strip()
+    user = [rest for op, rest in spark.instructions if op == "USER"][-1].strip()
+    runs = " ".join(rest for op, rest in spark.instructions if op == "RUN")
+    assert f"chown {user} {workdir}" in runs, (workdir, user, runs)
+
+
 def test_spark_entrypoint_runs_plain_commands(tmp_path):
     script = ROOT / "hack" / "spark" / "entrypoint.sh"
     res = subprocess.run(["bash", str(script), "echo", "hello"], capture_output=True, text=True,

@@ -2,10 +2,16 @@
 
 import pytest
 
+from eopipe.core.headers import H_REROUTED
 from eopipe.tools.verify import OrderCheck, Report
 
-# Source partition 0 holds a@0 b@1 c@2; partition 1 holds d@0 and a later a@5 (a rerouted copy).
-FIRST = {(0, b"a"): 0, (0, b"b"): 1, (0, b"c"): 2, (1, b"d"): 0, (1, b"a"): 5}
+# (partition, offset, key, headers). Partition 0: a@0 b@1 c@2; partition 1: d@0 and a@5, a copy.
+# Then partition growth: e was produced to partition 3 (@0, not its home then) and rerouted to 2
+# (@7); after growth its home is 3, so the copy was rerouted again, to 3 (@9); f@4 lies between.
+SOURCE = [(0, 0, b"a", None), (0, 1, b"b", None), (0, 2, b"c", None), (1, 0, b"d", None),
+          (1, 5, b"a", [(H_REROUTED, b"2:3")]),
+          (3, 0, b"e", None), (2, 7, b"e", [(H_REROUTED, b"3:0")]), (3, 4, b"f", None),
+          (3, 9, b"e", [(H_REROUTED, b"2:7")])]
 
 
 @pytest.mark.parametrize("output, violations", [
@@ -15,11 +21,15 @@ FIRST = {(0, b"a"): 0, (0, b"b"): 1, (0, b"c"): 2, (1, b"d"): 0, (1, b"a"): 5}
     ([(0, b"a"), (1, b"d"), (0, b"c"), (1, b"a")], 0), # partitions are ordered apart
     ([(1, b"a"), (1, b"d")], 1),                       # the reroute copy came after d
     ([(0, b"x"), (0, b"c"), (0, b"y"), (0, b"a")], 1), # keys not from partition 0 are not ordered
-    ([(2, b"a"), (2, b"b")], 0),                       # a partition the source never had
+    ([(5, b"a"), (5, b"b")], 0),                       # a partition the source never had
+    ([(3, b"f"), (3, b"e")], 0),                       # e taken from its last copy, after f
+    ([(3, b"e"), (3, b"f")], 1),                       # ... so before f is out of order
     ([], 0),
 ])
 def test_order_check(output, violations):
-    check = OrderCheck(FIRST)
+    check = OrderCheck()
+    for partition, offset, key, headers in SOURCE:
+        check.source(partition, offset, key, headers)
     for partition, key in output:
         check.see(partition, key)
     assert check.violations == violations

@@ -86,6 +86,9 @@ class Watermark(Model):
 
 class Driver(Model):
     cores: int = Field(1, ge=1, le=64)
+    core_request: Quantity | None = Field(
+        None, description="CPU the pod asks the scheduler for (Spark's request.cores), e.g. 250m, "
+                          "below cores on a small node; default: cores")
     memory: SparkMemory = "1g"
     memory_overhead: SparkMemory | None = Field(None, description="Spark's default: 10% of memory, at least 384m")
 
@@ -93,6 +96,9 @@ class Driver(Model):
 class Executors(Model):
     instances: int = Field(1, ge=1, le=1000)
     cores: int = Field(1, ge=1, le=64)
+    core_request: Quantity | None = Field(
+        None, description="CPU the pod asks the scheduler for (Spark's request.cores), e.g. 250m, "
+                          "below cores on a small node; default: cores")
     memory: SparkMemory = "1g"
     memory_overhead: SparkMemory | None = Field(None, description="Spark's default: 10% of memory, at least 384m")
 

@@ -16,18 +16,13 @@ from logging import WARNING
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
 
 from eopipe.core import partitioner as partitioners
+from eopipe.core.headers import H_OFFSET, H_PARTITION, H_REASON, H_REROUTED, H_TOPIC
 from eopipe.core.keys import MalformedRecord, extract
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.txn import FENCED_CODES, Abortable, Fenced, TxnCalls
 
 log = logging.getLogger("eopipe.dedup")
-
-H_REASON = "eopipe.dlq.reason"
-H_TOPIC = "eopipe.origin.topic"
-H_PARTITION = "eopipe.origin.partition"
-H_OFFSET = "eopipe.origin.offset"
-H_REROUTED = "eopipe.rerouted.from"
 
 
 class Transaction:

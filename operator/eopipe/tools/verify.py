@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
+from eopipe.core.headers import H_REROUTED
 from eopipe.core.keys import KeySpec, MalformedRecord, extract
 
 # librdkafka's own log lines (a refused connection, ...) go here rather than straight to stderr:
@@ -244,16 +245,41 @@ def wait_for_group(bootstrap: str, group: str, topic: str, timeout: float, stop=
 
 class OrderCheck:
     """Order within a partition: walking an output partition, the source offsets of its keys'
-    first occurrences in the same-numbered source partition must only grow. Keys that did not
-    come through that source partition (written there by no one) are not ordered against it."""
+    first occurrences in the same-numbered source partition must only grow. A source record
+    the worker rerouted away (its copy elsewhere names it in the reroute header) is not where
+    its key was taken from, so it does not count: after partition growth a misplaced record
+    may be rerouted twice and reach the output from a later copy in the partition it started
+    in. Keys that did not come through that source partition are not ordered against it."""
 
-    def __init__(self, first: dict[tuple[int, bytes], int]):
-        self._first = first
+    def __init__(self):
+        self._seen: dict[tuple[int, bytes], int | list[int]] = {}  # (partition, key) -> offset(s)
+        self._away: set[tuple[int, int]] = set()                    # (partition, offset) rerouted
+        self._first: dict[tuple[int, bytes], int] | None = None
         self._last: dict[int, int] = {}
         self.violations = 0
         self.examples: list[bytes] = []
 
+    def source(self, partition: int, offset: int, key: bytes, headers) -> None:
+        at = self._seen.setdefault((partition, key), offset)
+        if at != offset:
+            self._seen[(partition, key)] = [*(at if isinstance(at, list) else [at]), offset]
+        for name, value in headers or ():
+            if name == H_REROUTED and value:
+                p, _, o = value.decode(errors="replace").partition(":")
+                if p.isdigit() and o.isdigit():
+                    self._away.add((int(p), int(o)))
+
+    def _first_offsets(self) -> dict[tuple[int, bytes], int]:
+        away, first = self._away, {}
+        for (p, k), at in self._seen.items():
+            kept = [o for o in (at if isinstance(at, list) else [at]) if (p, o) not in away]
+            if kept:
+                first[(p, k)] = min(kept)
+        return first
+
     def see(self, partition: int, key: bytes) -> None:
+        if self._first is None:
+            self._first, self._seen = self._first_offsets(), {}
         at = self._first.get((partition, key))
         if at is None:
             return
@@ -273,7 +299,7 @@ def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: Ke
     deadline = time.monotonic() + timeout
     reader = TopicReader(bootstrap)
     source: set[bytes] = set()
-    first: dict[tuple[int, bytes], int] = {}  # (partition, key) -> the key's first offset there
+    order_check = OrderCheck()
     for m in reader.read(source_topic, deadline=deadline, settled=True):
         try:
             k = extract(key_spec, m.key(), m.value(), m.headers())
@@ -282,7 +308,7 @@ def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: Ke
             continue
         source.add(k)
         if order:
-            first.setdefault((m.partition(), k), m.offset())
+            order_check.source(m.partition(), m.offset(), k, m.headers())
     rep.unique_in = len(source)
 
     out_spec = output_key_spec or key_spec
@@ -302,7 +328,7 @@ def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: Ke
     # Then read on to the end, so duplicates that trail the last new key are seen too.
     counts.clear()
     missing = set(source)
-    check_order, order = order, OrderCheck(first)
+    check_order, order = order, order_check
     for m in reader.read(output_topic, deadline=deadline, settled=True):
         order.see(m.partition(), add(m))
     if check_order and reader.partitions[output_topic] == reader.partitions[source_topic]:

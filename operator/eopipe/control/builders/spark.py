@@ -79,10 +79,11 @@ def _security() -> dict:
             "securityContext": pods.container_security_context(read_only_root_filesystem=False)}
 
 
-def _pod(proc, labels: dict, cores: int, memory: str, overhead: str | None) -> dict:
+def _pod(proc, labels: dict, role) -> dict:
     """What the driver and the executors share: resources, placement, env, security."""
-    pod = {"cores": cores, "memory": memory, "labels": labels, **_security()}
-    extra = {"memoryOverhead": overhead, "nodeSelector": dict(proc.node_selector) or None,
+    pod = {"cores": role.cores, "memory": role.memory, "labels": labels, **_security()}
+    extra = {"coreRequest": role.core_request, "memoryOverhead": role.memory_overhead,
+             "nodeSelector": dict(proc.node_selector) or None,
              "tolerations": list(proc.tolerations) or None, "affinity": proc.affinity,
              "envFrom": list(proc.env_from) or None}
     pod.update({k: v for k, v in extra.items() if v is not None})
@@ -127,12 +128,11 @@ def spark_application(names: Names, image: str) -> dict:
             },
             # spark_app reads the Kafka client settings (credentials from Secrets) on the
             # driver and hands them to the Kafka source and sink it plans for the executors.
-            "driver": {**_pod(proc, labels, proc.driver.cores, proc.driver.memory, proc.driver.memory_overhead),
+            "driver": {**_pod(proc, labels, proc.driver),
                        "serviceAccount": proc.service_account or driver_rbac(names)[0]["metadata"]["name"],
                        "env": kafkaconf.pod_env(names.spec.kafka) + env},
             "executor": {"instances": proc.executors.instances,
-                         **_pod(proc, labels, proc.executors.cores, proc.executors.memory,
-                                proc.executors.memory_overhead)},
+                         **_pod(proc, labels, proc.executors)},
         },
     }
     if env:
