@@ -339,7 +339,7 @@ class NodeCluster(Cluster):
         from localenv.node import NODE_IP
         from localenv.node import __main__ as node
         from localenv.node.addons import KAFKA_PORT
-        from localenv.node.host import join_netns
+        from localenv.node.host import join_netns, leave_netns
 
         self.workdir, self.kill_container = workdir, node.kill_container
         say("kubernetes", "make cluster: control plane, containerd, kubelet, kube-proxy, CoreDNS, local-path-provisioner, "
@@ -348,7 +348,7 @@ class NodeCluster(Cluster):
                        stdout=subprocess.DEVNULL)
         if subprocess.run([sys.executable, "-m", "localenv.node", "up"], cwd=REPO).returncode != 0:
             raise RuntimeError("the node tier did not start (its output is above; without root: --process-node)")
-        join_netns()
+        stack.callback(leave_netns, join_netns())  # back out before `down` sweeps the namespace
         self.images = json.loads(node.IMAGES.read_text())
         self.kubeconfig, self.kubectl_bin = node.KUBECONFIG, node._k8s_bin() / "kubectl"
         self.bootstrap = f"{NODE_IP}:{KAFKA_PORT}"

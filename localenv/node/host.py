@@ -122,16 +122,28 @@ def ensure_netns() -> None:
     run(*ns, "route", "replace", SERVICE_CIDR, "dev", NODE_LINK, "src", NODE_IP)
 
 
-def join_netns() -> None:
+def join_netns() -> int:
     """Moves the calling thread (call it before any other starts: threads made later inherit it)
     into the tier's namespace, as `nsenter --net` does for a command; for a process, such as the
-    demo, that then talks to the tier's addresses itself."""
+    demo, that then talks to the tier's addresses itself. Returns a descriptor of the namespace
+    it left, for leave_netns: a process found in the tier's namespace is one `down` kills."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    _setns(NETNS_PATH)
+    return home
+
+
+def leave_netns(home: int) -> None:
+    _setns(f"/proc/self/fd/{home}")
+    os.close(home)
+
+
+def _setns(path) -> None:
     import ctypes
 
-    fd = os.open(NETNS_PATH, os.O_RDONLY)
+    fd = os.open(path, os.O_RDONLY)
     try:
         if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
-            raise OSError(ctypes.get_errno(), f"setns {NETNS_PATH}")
+            raise OSError(ctypes.get_errno(), f"setns {path}")
     finally:
         os.close(fd)
 
