@@ -1,6 +1,8 @@
 """The node tier end to end: `python -m localenv.node up` (what `make cluster` runs) brings up a
 kubelet and containerd in the tier's network namespace; a pod from the image built from the
-project's Dockerfile runs there; `down` leaves nothing of the tier on the host."""
+project's Dockerfile runs there; the operator installed by Helm runs examples/minimal.yaml and
+examples/payments.yaml (Spark on pods) exactly once under pod faults, scaling and partition
+growth; `down` leaves nothing of the tier on the host."""
 
 from __future__ import annotations
 
