@@ -63,13 +63,13 @@ bench: deps ## benchmarks side by side, one table
 bench-peers: deps ## the throughput table alone: eopipe vs Kafka Streams, Java copiers, Spark dedup
 	$(PY) -m bench --peers
 
-cluster: $(VENV)/.installed-unit ## node tier: kubelet + containerd in a network namespace, the project's image (root)
+cluster: $(VENV)/.installed ## node tier: kubelet + containerd, CoreDNS, a provisioner, Kafka, Spark on pods, in a network namespace; the project's images (root)
 	$(PY) -m localenv.node up
 
 cluster-down: ## stop the node tier and remove everything it made
 	$(PY) -m localenv.node down
 
-test-node: $(VENV)/.installed-unit ## the node tier's tests alone (also in `make test`; root)
+test-node: $(VENV)/.installed ## the node tier's tests alone (also in `make test`; root)
 	EOPIPE_NODE_TESTS=1 $(PY) -m pytest tests/e2e/test_node_tier.py -m node
 
 kind-e2e: ## end to end on a kind cluster (needs Docker, kind, helm; not run in CI: see hack/kind-e2e.sh)

@@ -141,7 +141,16 @@ class Node:
                                  client_advertised=f"{NODE_IP}:{addons.KAFKA_PORT}")
         self.kafka.launch()
         self._apply(addons.manifests(self.images, NODE_IP))
-        # The Spark Operator's part: its CRD, and the runner that submits to the cluster.
+        self._start_spark_operator()
+        for ns, name in addons.DEPLOYMENTS:
+            self._wait(f"deployment {ns}/{name} available", lambda: self._available(ns, name), 120)
+        self.kafka._wait_ready(time.monotonic() + 90)
+        self.timings["add-ons and Kafka"] = time.monotonic() - t
+        self.timings["total"] = time.monotonic() - t0
+
+    def _start_spark_operator(self) -> None:
+        """The Spark Operator's part: its CRD, and the runner that submits to the cluster with
+        its service account's token (localenv/node/sparkpods.py)."""
         res = self.cp.kubectl_run("apply", "--server-side", "-f", str(SPARK_CRD), check=False)
         if res.returncode != 0:
             raise ControlPlaneError(f"applying {SPARK_CRD.name} failed: {res.stderr}")
@@ -156,11 +165,6 @@ class Node:
             sys.executable, "-m", "localenv.node.sparkpods", f"--kubeconfig={self.cp.kubeconfig}",
             f"--workdir={token.parent}", f"--master=k8s://{self.cp.server}",
             f"--ca={self.cp.ca_cert}", f"--token={token}"])
-        for ns, name in addons.DEPLOYMENTS:
-            self._wait(f"deployment {ns}/{name} available", lambda: self._available(ns, name), 120)
-        self.kafka._wait_ready(time.monotonic() + 90)
-        self.timings["add-ons and Kafka"] = time.monotonic() - t
-        self.timings["total"] = time.monotonic() - t0
 
     def _apply(self, objs: list[dict]) -> None:
         doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
