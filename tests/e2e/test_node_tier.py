@@ -22,6 +22,7 @@ from localenv import REPO_ROOT
 from localenv.node import NETNS, NODE_NAME, POD_CIDR, RUN_DIR
 from localenv.node.__main__ import kill_container
 from localenv.node.host import KUBELET_SYSCTLS, shim_sockets
+from tests.helpers import nodetier
 from tests.helpers.nodetier import (
     BOOTSTRAP,
     EOPIPE,
@@ -71,6 +72,20 @@ def node_tier():
         yield from _tier()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _log_to_terminal(pytestconfig):
+    """The tier's start, pods, steps and verdicts in the run's own output, passed or not
+    (module scope: before the tier starts)."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def write(text: str) -> None:
+        with capture.global_and_fixture_disabled():
+            print(text, flush=True)
+    before, nodetier.emit = nodetier.emit, write
+    yield
+    nodetier.emit = before
+
+
 def _sysctls() -> dict[str, str]:
     return {k: (Path("/proc/sys") / k).read_text() for k in KUBELET_SYSCTLS}
 
@@ -78,7 +93,7 @@ def _sysctls() -> dict[str, str]:
 def _tier():
     before = _sysctls()
     res = _node("up")
-    print(res.stdout)
+    log(f"make cluster: {res.stdout}")
     assert res.returncode == 0, res.stdout
     yield {**json.loads((RUN_DIR / "images.json").read_text()), "sysctls": before}
     _node("down")
@@ -101,7 +116,7 @@ def test_pod_from_the_project_image_runs_on_the_kubelet(node_tier):
         assert time.monotonic() < deadline, kubectl("describe", "pod", "eopipe-version")
         time.sleep(1)
     wide = kubectl("get", "pods", "-o", "wide")
-    print(wide)
+    log(f"kubectl get pods -o wide\n{wide}")
     row = next(ln.split() for ln in wide.splitlines() if ln.startswith("eopipe-version "))
     header = wide.splitlines()[0].split()
     ip, node = row[header.index("IP")], row[header.index("NODE")]
@@ -195,10 +210,10 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier):
     sent = json.loads(out)
     log(f"load: {sent}")
 
-    print(kubectl("get", "pods", "-A", "-o", "wide"))
+    log(f"kubectl get pods -A -o wide\n{kubectl('get', 'pods', '-A', '-o', 'wide')}")
     res = eopipe("verify", "--bootstrap", BOOTSTRAP, "--source", "events", "--output", f"{ns}.{name}.deduped",
                  "--dlq", f"{ns}.{name}.dlq", "--json", "--timeout", "400")
-    print(res.stdout, res.stderr)
+    log(f"eopipe verify: {res.stdout}{res.stderr}")
     rep = json.loads(res.stdout)
     assert res.returncode == 0, rep
     assert rep["lost"] == 0 and rep["duplicated"] == 0 and rep["unique_in"] > 40000, rep
@@ -237,7 +252,7 @@ def test_spark_stage_on_pods_exactly_once(node_tier):
     log(f"payments Ready, Spark driver RUNNING in {time.monotonic() - t:.0f}s")
     wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor",
                                       "-o", "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
-    print(kubectl("-n", ns, "get", "pods,pvc", "-o", "wide"))
+    log(f"kubectl get pods,pvc -o wide\n{kubectl('-n', ns, 'get', 'pods,pvc', '-o', 'wide')}")
 
     load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", "payments",
                                     "--count", "24000", "--rate", "800", "--dup-ratio", "0.3",
@@ -254,14 +269,14 @@ def test_spark_stage_on_pods_exactly_once(node_tier):
     out, err = load.communicate(timeout=300)
     assert load.returncode == 0, err
     log(f"load: {json.loads(out)}")
-    print(kubectl("-n", ns, "get", "pods", "-o", "wide"))
+    log(f"kubectl get pods -o wide\n{kubectl('-n', ns, 'get', 'pods', '-o', 'wide')}")
 
     common = ["--bootstrap", BOOTSTRAP, "--source", "payments", "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
               "--json", "--timeout", "400"]
     for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
                         ("end to end", ["--output", "payments-enriched", "--no-order", "--settle", "30"])):
         res = eopipe("verify", *common, *extra)
-        print(what, res.stdout, res.stderr)
+        log(f"eopipe verify, {what}: {res.stdout}{res.stderr}")
         rep = json.loads(res.stdout)
         assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
         assert rep["unique_in"] > 15000, (what, rep)
