@@ -118,9 +118,10 @@ class Transaction:
             hdrs = m.headers()
             if hdrs:  # the reroute mark is internal: it never reaches the output
                 hdrs = [h for h in hdrs if h[0] != H_REROUTED] or None
-            # To the partition it was read from, never by the producer's partitioner: the
-            # output keeps each source partition's order whatever the record key, and right
-            # after partition growth no stale partition count can place it elsewhere.
+            # To the partition it was read from, not by the producer's partitioner: the output
+            # keeps each source partition's order whatever the record key, and right after
+            # partition growth no stale partition count places it elsewhere. (An output with
+            # fewer partitions: see _produce.)
             try:  # the hot path: inline; the helper handles a full queue and errors
                 if hdrs:
                     produce(out, m.value(), m.key(), p, timestamp=ts, headers=hdrs)
@@ -151,6 +152,11 @@ class Transaction:
                 self.producer.poll(0.05)
             except KafkaException as e:
                 err = e.args[0]
+                if err.code() == KafkaError._UNKNOWN_PARTITION and partition >= 0 and topic != self.cfg.source_topic:
+                    # An output with fewer partitions than the source (not grown with it): the
+                    # producer's partitioner places the record; no partition order is kept there.
+                    partition = -1
+                    continue
                 if err.fatal() and err.code() in FENCED_CODES:
                     raise Fenced(f"produce: {err}") from None
                 if err.fatal():
