@@ -84,12 +84,17 @@ class DriverProcess:
             return None
 
     def tail(self, n: int = 40, meaningful: bool = False) -> str:
-        if not self.log_path.exists():
-            return ""
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        if meaningful:  # drop JVM stack frames
-            lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("at ")]
-        return "\n".join(lines[-n:])
+        return log_tail(self.log_path, n, meaningful)
+
+
+def log_tail(path: Path, n: int = 40, meaningful: bool = False) -> str:
+    """The last n lines of a driver's log; meaningful: without JVM stack frames."""
+    if not path.exists():
+        return ""
+    lines = path.read_text(errors="replace").splitlines()
+    if meaningful:
+        lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("at ")]
+    return "\n".join(lines[-n:])
 
 
 def map_main_file(uri: str) -> str:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from localenv import sparkrunner
+from localenv.sparkdriver import log_tail
 from localenv.sparkrunner import AppRun, SparkRunner
 
 DRIVER_CONTAINER, EXECUTOR_CONTAINER = "spark-kubernetes-driver", "spark-kubernetes-executor"
@@ -199,10 +200,7 @@ class DriverPod:
         return self.stop(grace=0)
 
     def tail(self, n: int = 40, meaningful: bool = False) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines() if self.log_path.exists() else []
-        if meaningful:
-            lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith("at ")]
-        return "\n".join(lines[-n:])
+        return log_tail(self.log_path, n, meaningful)
 
 
 class PodAppRun(AppRun):

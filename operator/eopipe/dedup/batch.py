@@ -32,6 +32,7 @@ class Transaction:
                  home_count, no_dedup: bool, committed: int):
         self.cfg = cfg
         self.p = partition
+        self.out_p = partition  # the output partition; -1 once the output turned out too small
         self.producer = producer
         self.store = store
         self.calls = calls
@@ -59,6 +60,7 @@ class Transaction:
     def process(self, msgs) -> None:
         cfg = self.cfg
         p = self.p
+        out_p = self.out_p
         src = cfg.source_topic
         spec = cfg.key_spec
         home = self.home
@@ -124,11 +126,12 @@ class Transaction:
             # fewer partitions: see _produce.)
             try:  # the hot path: inline; the helper handles a full queue and errors
                 if hdrs:
-                    produce(out, m.value(), m.key(), p, timestamp=ts, headers=hdrs)
+                    produce(out, m.value(), m.key(), out_p, timestamp=ts, headers=hdrs)
                 else:
-                    produce(out, m.value(), m.key(), p, timestamp=ts)
+                    produce(out, m.value(), m.key(), out_p, timestamp=ts)
             except (BufferError, KafkaException):
-                self._produce(produce, out, m.value(), m.key(), p, ts, hdrs)
+                self._produce(produce, out, m.value(), m.key(), out_p, ts, hdrs)
+                out_p = self.out_p
             emitted += 1
         self.producer.poll(0)
         c = self.counts
@@ -154,8 +157,9 @@ class Transaction:
                 err = e.args[0]
                 if err.code() == KafkaError._UNKNOWN_PARTITION and partition >= 0 and topic != self.cfg.source_topic:
                     # An output with fewer partitions than the source (not grown with it): the
-                    # producer's partitioner places the record; no partition order is kept there.
-                    partition = -1
+                    # producer's partitioner places its records from now on; no partition order
+                    # is kept there.
+                    partition = self.out_p = -1
                     continue
                 if err.fatal() and err.code() in FENCED_CODES:
                     raise Fenced(f"produce: {err}") from None
