@@ -74,12 +74,20 @@ class Pipeline:
         return run_load(self.bootstrap, self.source, count, **kw)
 
     def committed_total(self) -> int:
-        """The group's committed source offsets, summed (read directly, not through the worker)."""
+        """The group's committed source offsets, summed (read directly, not through the worker).
+        Asked again while the group coordinator moves or loads (a broker restarted or was cut off)."""
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group, "enable.auto.commit": False,
                       "isolation.level": "read_committed"})
+        deadline = time.monotonic() + 60
         try:
-            got = c.committed([TopicPartition(self.source, p) for p in range(self.partitions)], timeout=30)
-            return sum(max(0, tp.offset) for tp in got)
+            while True:
+                try:
+                    got = c.committed([TopicPartition(self.source, p) for p in range(self.partitions)], timeout=30)
+                    return sum(max(0, tp.offset) for tp in got)
+                except KafkaException as e:
+                    if not transient(e) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
         finally:
             c.close()
 
