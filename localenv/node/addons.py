@@ -5,7 +5,10 @@ and addresses in, objects out; localenv/node/cluster.py applies them once the no
   It answers cluster.local only: there is no upstream to forward to, nothing leaves the tier.
 - local-path-provisioner and its StorageClass `standard`, the default one (kind's name), so a
   PersistentVolumeClaim with no class gets a directory of the node, created and removed by
-  helper pods running the base image's shell, as on kind.
+  helper pods running the base image's shell, as on kind. ReadWriteOnce only, as on kind.
+- A second class, `shared`, from the same provisioner in its shared-filesystem mode: a directory
+  every node mounts (one node here), so ReadWriteMany claims bind. It stands in for the NFS,
+  CephFS, EFS or Azure Files class a cluster offers for storage that pods on several nodes share.
 - Kafka's name for pods: the Service `kafka` in namespace `kafka` with no selector, its
   EndpointSlice the broker on the node address (how a cluster names a Kafka outside it), so
   `kafka.kafka.svc:9092` in a manifest is reached as written.
@@ -18,7 +21,8 @@ import json
 DNS_IP = "10.0.0.10"
 DNS_PORT = 5353          # CoreDNS listens unprivileged; the Service maps 53 to it
 LOCAL_PATH_DIR = "/var/lib/eopipe-node/local-path"
-STORAGE_CLASS = "standard"
+SHARED_DIR = "/var/lib/eopipe-node/shared"
+STORAGE_CLASS, SHARED_STORAGE_CLASS = "standard", "shared"
 KAFKA_NAMESPACE, KAFKA_SERVICE, KAFKA_PORT = "kafka", "kafka", 9092
 
 COREFILE = f""".:{DNS_PORT} {{
@@ -107,7 +111,9 @@ def local_path(image: str, helper_image: str) -> list[dict]:
               "spec": {"priorityClassName": "system-node-critical",
                        "containers": [{"name": "helper-pod", "image": helper_image,
                                        "imagePullPolicy": "IfNotPresent"}]}}
-    config = {"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [LOCAL_PATH_DIR]}]}
+    config = {"storageClassConfigs": {
+        STORAGE_CLASS: {"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [LOCAL_PATH_DIR]}]},
+        SHARED_STORAGE_CLASS: {"sharedFileSystemPath": SHARED_DIR}}}
     container = {"name": "local-path-provisioner", "image": image,
                  "args": ["--debug", "start", "--config", "/etc/config/config.json",
                           "--service-account-name", sa, "--configmap-name", "local-path-config",
@@ -132,6 +138,8 @@ def local_path(image: str, helper_image: str) -> list[dict]:
                       "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
          "provisioner": "rancher.io/local-path", "volumeBindingMode": "WaitForFirstConsumer",
          "reclaimPolicy": "Delete"},
+        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": SHARED_STORAGE_CLASS},
+         "provisioner": "rancher.io/local-path", "volumeBindingMode": "Immediate", "reclaimPolicy": "Delete"},
     ]
 
 

@@ -1,8 +1,9 @@
 """The node tier end to end: `python -m localenv.node up` (what `make cluster` runs) brings up a
 kubelet and containerd in the tier's network namespace; a pod from the image built from the
-project's Dockerfile runs there; the operator installed by Helm runs examples/minimal.yaml and
-examples/payments.yaml (Spark on pods) exactly once under pod faults, scaling and partition
-growth; `down` leaves nothing of the tier on the host."""
+project's Dockerfile runs there; the operator installed by Helm runs examples/minimal.yaml,
+examples/payments.yaml (Spark on pods) and examples/file-sink.yaml (Parquet on a shared claim)
+exactly once under pod faults, scaling and partition growth; `down` leaves nothing of the tier
+on the host."""
 
 from __future__ import annotations
 
@@ -13,16 +14,19 @@ import os
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
+from eopipe.core.processing import DEFAULT_MOUNT_PATH as MOUNT_PATH
 from localenv import REPO_ROOT
 from localenv.node import NETNS, NODE_NAME, POD_CIDR, RUN_DIR
-from localenv.node.__main__ import kill_container
+from localenv.node.__main__ import kill_container, kubectl_argv
 from localenv.node.host import KUBELET_SYSCTLS, shim_sockets
 from tests.helpers import nodetier
+from tests.helpers.docs import sh_blocks
 from tests.helpers.nodetier import (
     BOOTSTRAP,
     EOPIPE,
@@ -32,9 +36,12 @@ from tests.helpers.nodetier import (
     kubectl,
     kubectl_json,
     log,
+    shell_env,
+    tag_image,
     topics,
     wait,
 )
+from tests.helpers.sparkfiles import checkpoint_offsets, parse_rows, reader_script
 
 # `make test` and `make test-node` set EOPIPE_NODE_TESTS=1; a bare pytest skips these (a first run
 # installs Debian packages and builds the images: minutes). They need root (docs/design.md#the-node-tier).
@@ -169,14 +176,81 @@ def _rescale(ns: str, name: str, change: list[str], what: str) -> None:
     log(f"{what}: settled in {time.monotonic() - t:.0f}s")
 
 
+def _helm_bin() -> str:
+    return subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), "helm"], check=True,
+                          capture_output=True, text=True).stdout.split()[-1]
+
+
+def test_install_doc_helm_path_in_restricted_namespaces(node_tier):
+    """docs/install.md's Helm section, every command in the doc's order: namespaces that enforce
+    the restricted Pod Security Standard, helm install, a first pipeline (examples/minimal.yaml),
+    the upgrade, the uninstall. `<registry>` is the tier's: its images, built from the
+    Dockerfile's targets, also carry the chart's default tag, as the doc's `docker build -t`
+    gives. Between the blocks: a privileged pod is refused in the watched namespace, the
+    operator reconciles as its ServiceAccount with nothing refused, and the pipeline
+    deduplicates a load exactly once."""
+    install, first, upgrade, uninstall = sh_blocks("install.md", "## Helm")
+    version = yaml.safe_load((REPO_ROOT / "charts" / "eopipe" / "Chart.yaml").read_text())["appVersion"]
+    for role, repo in (("app", "localhost/eopipe"), ("spark", "localhost/eopipe-spark")):
+        assert node_tier[role].startswith(f"{repo}:"), node_tier[role]
+        tag_image(node_tier[role], f"{repo}:{version}")
+    env = shell_env(_helm_bin())
+
+    def run(commands: list[str]) -> dict[str, str]:
+        outs = {}
+        for command in commands:
+            t = time.monotonic()
+            res = subprocess.run(in_tier("bash", "-o", "pipefail", "-c", command.replace("<registry>", "localhost")),
+                                 cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+            log(f"$ {command}  ({time.monotonic() - t:.0f}s)\n{res.stdout}{res.stderr}")
+            assert res.returncode == 0, f"docs/install.md: `{command}` failed ({res.returncode})"
+            outs[command] = res.stdout
+        return outs
+
+    ns, name = "pipelines", "minimal"
+    run(install)
+    privileged = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "privileged", "namespace": ns},
+                  "spec": {"containers": [{"name": "c", "image": node_tier["app"],
+                                           "securityContext": {"privileged": True}}]}}
+    refused = nodetier.run(kubectl_argv("apply", "--dry-run=server", "-f", "-"), input=json.dumps(privileged))
+    assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused
+    table = run(first)[f"kubectl get eop -n {ns}"].splitlines()
+    assert table[1].split()[:3] == [name, "Running", "True"], table
+    load = eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", "events", "--count", "4000", "--rate", "1000",
+                  "--dup-ratio", "0.3", "--poison", "5", "--seed", "13", "--quiet", "--json")
+    assert load.returncode == 0, load.stderr
+    res = eopipe("verify", "--bootstrap", BOOTSTRAP, "--source", "events", "--output", f"{ns}.{name}.deduped",
+                 "--dlq", f"{ns}.{name}.dlq", "--json", "--timeout", "300")
+    log(f"eopipe verify: {res.stdout}{res.stderr}")
+    rep = json.loads(res.stdout)
+    assert res.returncode == 0 and rep["unique_in"] == json.loads(load.stdout)["unique"], rep
+    leader = kubectl("-n", "eopipe-system", "get", "lease", "eopipe-leader", "-o", "jsonpath={.spec.holderIdentity}")
+    logs = kubectl("-n", "eopipe-system", "logs", leader)
+    assert "Forbidden" not in logs and " 403" not in logs, logs[-4000:]
+    ip = kubectl("-n", "eopipe-system", "get", "pod", leader, "-o", "jsonpath={.status.podIP}")
+    metrics = nodetier.python(f"import urllib.request; print(urllib.request.urlopen('http://{ip}:9090/metrics', "
+                              "timeout=10).read().decode())")
+    assert f'eopipe_operator_pipeline_ready{{name="{name}",namespace="{ns}"}} 1.0' in metrics
+    run(upgrade)
+    kubectl("-n", "eopipe-system", "rollout", "status", "deployment/eopipe", "--timeout=180s")
+    wait(lambda: _settled(ns, name), 180, "the pipeline Ready after the upgrade")
+    run(uninstall)
+    wait(lambda: not kubectl("-n", "eopipe-system", "get", "pods", "-o", "name"), 120, "the operator's pods gone")
+    # The next test starts from no topics, as on a fresh cluster.
+    nodetier.python("from confluent_kafka.admin import AdminClient\n"
+                    f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
+                    f"[f.result(30) for f in a.delete_topics(['events', '{ns}.{name}.deduped', '{ns}.{name}.dlq'])"
+                    ".values()]")
+    wait(lambda: "events" not in topics(), 60, "the topics deleted")
+
+
 def test_pipeline_exactly_once_on_the_kubelet(node_tier):
     """As a user installs and runs it: `helm install` of charts/eopipe with the built image,
     `kubectl apply -f examples/minimal.yaml` unchanged (its Kafka is kafka.kafka.svc), its
     dedup pods on the kubelet with claims from the provisioner. Under duplicated load: a pod
     force-deleted, a container killed under the kubelet, 2 -> 3 -> 2 pods, 4 -> 6 source
     partitions; then `eopipe verify` reads source and output: nothing lost, nothing twice."""
-    helm_bin = subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), "helm"], check=True,
-                              capture_output=True, text=True).stdout.split()[-1]
+    helm_bin = _helm_bin()
     (repo, tag), (spark_repo, spark_tag) = node_tier["app"].rsplit(":", 1), node_tier["spark"].rsplit(":", 1)
     t = time.monotonic()
     helm(helm_bin, "install", "eopipe", str(REPO_ROOT / "charts" / "eopipe"), "-n", "eopipe-system",
@@ -237,6 +311,26 @@ def _spark_app(ns: str, name: str) -> dict:
     return kubectl_json("-n", ns, "get", "sparkapplication", name).get("status") or {}
 
 
+def _start_spark_example(ns: str, name: str, example: str) -> None:
+    """examples/<example> applied as written in a new namespace, until Ready with its Spark
+    driver RUNNING and an executor pod Running."""
+    kubectl("create", "namespace", ns)
+    kubectl("-n", ns, "apply", "-f", str(REPO_ROOT / "examples" / example))
+    t = time.monotonic()
+    wait(lambda: _settled(ns, name) and _spark_app(ns, f"{name}-spark").get("applicationState", {}).get("state")
+         == "RUNNING", 400, f"{name} Ready with its Spark driver RUNNING")
+    log(f"{name} Ready, Spark driver RUNNING in {time.monotonic() - t:.0f}s")
+    wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor",
+                                      "-o", "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
+    log(f"kubectl get pods,pvc -o wide\n{kubectl('-n', ns, 'get', 'pods,pvc', '-o', 'wide')}")
+
+
+def _wait_resubmitted(ns: str, name: str) -> None:
+    wait(lambda: (st := _spark_app(ns, f"{name}-spark")).get("executionAttempts", 0) >= 2
+         and st.get("applicationState", {}).get("state") == "RUNNING", 300, "the driver resubmitted and RUNNING")
+    log("driver resubmitted (attempt 2) and RUNNING")
+
+
 def test_spark_stage_on_pods_exactly_once(node_tier):
     """examples/payments.yaml as written, on the operator installed above: spark-submit (the Spark
     Operator's part) starts the driver pod from the Spark image, the driver its executor pod;
@@ -244,15 +338,7 @@ def test_spark_stage_on_pods_exactly_once(node_tier):
     deleted (resubmitted from its checkpoint, restartPolicy OnFailure) and a dedup pod
     force-deleted; then verify the dedup stage and end to end, source -> Spark's Kafka sink."""
     ns, name = "payments", "payments"
-    kubectl("create", "namespace", ns)
-    kubectl("-n", ns, "apply", "-f", str(REPO_ROOT / "examples" / "payments.yaml"))
-    t = time.monotonic()
-    wait(lambda: _settled(ns, name) and _spark_app(ns, f"{name}-spark").get("applicationState", {}).get("state")
-         == "RUNNING", 400, "payments Ready with its Spark driver RUNNING")
-    log(f"payments Ready, Spark driver RUNNING in {time.monotonic() - t:.0f}s")
-    wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor",
-                                      "-o", "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
-    log(f"kubectl get pods,pvc -o wide\n{kubectl('-n', ns, 'get', 'pods,pvc', '-o', 'wide')}")
+    _start_spark_example(ns, name, "payments.yaml")
 
     load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", "payments",
                                     "--count", "24000", "--rate", "800", "--dup-ratio", "0.3",
@@ -261,9 +347,7 @@ def test_spark_stage_on_pods_exactly_once(node_tier):
     time.sleep(10)
     kubectl("-n", ns, "delete", "pod", f"{name}-spark-driver", "--wait=false")
     log("deleted the Spark driver pod")
-    wait(lambda: (st := _spark_app(ns, f"{name}-spark")).get("executionAttempts", 0) >= 2
-         and st.get("applicationState", {}).get("state") == "RUNNING", 300, "the driver resubmitted and RUNNING")
-    log("driver resubmitted (attempt 2) and RUNNING")
+    _wait_resubmitted(ns, name)
     kubectl("-n", ns, "delete", "pod", f"{name}-dedup-1", "--grace-period=0", "--force")
     log("deleted pod payments-dedup-1 (--grace-period=0 --force)")
     out, err = load.communicate(timeout=300)
@@ -280,6 +364,80 @@ def test_spark_stage_on_pods_exactly_once(node_tier):
         rep = json.loads(res.stdout)
         assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
         assert rep["unique_in"] > 15000, (what, rep)
+    # Its driver and executors leave the node's two cores to the next test.
+    kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s")
+    wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
+
+
+def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
+    """examples/file-sink.yaml as written: clicks deduplicated by a header, selected by SQL with
+    the example's schema, written as Parquet by the driver and two executors onto one
+    ReadWriteMany claim (the tier's `shared` class). Under resends the driver's container is
+    killed mid-stream (resubmitted from the checkpoint on that claim); then the Parquet rows,
+    read through Spark's reader (which honours _spark_metadata), are every click with a page,
+    each exactly once."""
+    ns, name = "clicks", "clicks"
+    example = yaml.safe_load((REPO_ROOT / "examples" / "file-sink.yaml").read_text())
+    _start_spark_example(ns, name, "file-sink.yaml")
+    pvc = kubectl_json("-n", ns, "get", "pvc", f"{name}-spark-checkpoint")
+    assert pvc["status"]["accessModes"] == ["ReadWriteMany"], pvc["status"]
+    pv = kubectl_json("get", "pv", pvc["spec"]["volumeName"])["spec"]
+    # The claim's directory on the shared file system (polled here; the rows are read in a pod).
+    root = Path((pv.get("hostPath") or pv["local"])["path"])
+    out = root / Path(example["spec"]["sink"]["files"]["path"]).relative_to(MOUNT_PATH)
+
+    load = subprocess.Popen(in_tier(nodetier.PY, "-m", "tests.helpers.clicks", BOOTSTRAP, "clicks", "9000", "300",
+                                    "16"), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait(lambda: list(out.glob("_spark_metadata/[0-9]*")), 240, "a first batch in the file sink's log")
+    log(f"killed the Spark driver's container under the kubelet: {kill_container(ns, f'{name}-spark-driver')[:12]}")
+    _wait_resubmitted(ns, name)
+    stdout, err = load.communicate(timeout=300)
+    assert load.returncode == 0, err
+    sent = json.loads(stdout)
+    log(f"clicks: {sent['records']} records, {sent['clicks']} clicks, {len(sent['expected'])} with a page")
+
+    res = eopipe("verify", "--bootstrap", BOOTSTRAP, "--source", "clicks", "--key", "header:event-id",
+                 "--output", f"{ns}.{name}.deduped", "--dlq", f"{ns}.{name}.dlq", "--json", "--timeout", "300")
+    log(f"eopipe verify, dedup stage: {res.stdout}{res.stderr}")
+    rep = json.loads(res.stdout)
+    assert res.returncode == 0 and rep["unique_in"] == sent["clicks"], rep
+    # Done when Spark's last committed batch ends at the deduped topic's end.
+    ends = json.loads(nodetier.python("import json; from tests.helpers.sparkfiles import end_offsets; "
+                                      f"print(json.dumps(end_offsets({BOOTSTRAP!r}, '{ns}.{name}.deduped')))"))
+    checkpoint = next((root / "checkpoints").iterdir())
+    wait(lambda: checkpoint_offsets(checkpoint) == {int(p): o for p, o in ends.items()}, 180,
+         "Spark's checkpoint at the deduped topic's end")
+    rows = _read_parquet_in_a_pod(node_tier["spark"], ns, pvc["metadata"]["name"], example)
+    counts = Counter(r[0] for r in rows)
+    log(f"Parquet through Spark: {len(rows)} rows, {len(counts)} clicks, "
+        f"{sum(n > 1 for n in counts.values())} twice, {len(set(sent['expected']) - set(counts))} missing")
+    assert all(r[1] is not None and r[2] for r in rows), rows[:3]
+    assert set(counts) == set(sent["expected"]) and max(counts.values()) == 1
+
+
+def _read_parquet_in_a_pod(image: str, ns: str, claim: str, example: dict) -> list[list]:
+    """The sink's rows, read by Spark in a pod of the Spark image that mounts the claim where the
+    driver and executors do: the sink's log names its files by that path."""
+    script = reader_script(example["spec"]["sink"]["files"]["path"], "parquet", ["user_id", "page", "ts"])
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "parquet-reader", "namespace": ns},
+           "spec": {"restartPolicy": "Never",
+                    "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{"name": "read", "image": image, "imagePullPolicy": "Never",
+                                    "command": ["python3", "-c", script],
+                                    "env": [{"name": "SPARK_LOCAL_IP", "value": "127.0.0.1"}],
+                                    "securityContext": {"allowPrivilegeEscalation": False,
+                                                        "capabilities": {"drop": ["ALL"]}},
+                                    "volumeMounts": [{"name": "data", "mountPath": MOUNT_PATH}]}],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]}}
+    kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def ended() -> str | None:
+        phase = kubectl("-n", ns, "get", "pod", "parquet-reader", "-o", "jsonpath={.status.phase}")
+        return phase if phase in ("Succeeded", "Failed") else None
+    phase = wait(ended, 300, "the Parquet reader pod to end")
+    out = kubectl("-n", ns, "logs", "parquet-reader", timeout=60)
+    assert phase == "Succeeded", out[-3000:]
+    return parse_rows(out)
 
 
 def test_down_leaves_nothing_behind(node_tier):

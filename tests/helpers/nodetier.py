@@ -4,9 +4,11 @@ CLI run inside the tier's network namespace (the only place its addresses exist)
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from localenv import REPO_ROOT
 from localenv.node import NODE_IP
@@ -18,6 +20,20 @@ from localenv.node.host import NETNS_PATH
 BOOTSTRAP = f"{NODE_IP}:{KAFKA_PORT}"
 PY = str(REPO_ROOT / ".venv" / "bin" / "python")
 EOPIPE = str(REPO_ROOT / ".venv" / "bin" / "eopipe")
+
+
+def tag_image(ref: str, new: str) -> None:
+    """A second name for an image the node holds (what `docker tag` before a push would give)."""
+    from localenv.node import CONTAINERD_SOCK
+
+    subprocess.run(["ctr", "--address", str(CONTAINERD_SOCK), "-n", "k8s.io", "images", "tag", "--force", ref, new],
+                   check=True, capture_output=True)
+
+
+def shell_env(tools_bin: str) -> dict[str, str]:
+    """A user's shell at the repository's root: kubectl and helm on PATH, KUBECONFIG the tier's."""
+    return {**os.environ, "KUBECONFIG": str(KUBECONFIG),
+            "PATH": os.pathsep.join([str(Path(kubectl_argv()[3]).parent), tools_bin, os.environ["PATH"]])}
 
 
 def in_tier(*argv: str) -> list[str]:

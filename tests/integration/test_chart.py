@@ -17,19 +17,17 @@ fixture in conftest.py).
 
 from __future__ import annotations
 
-import base64
 import json
 import re
 import subprocess
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from localenv.fixtures_operator import kubectl, wait_for
+from localenv.fixtures_operator import kubectl
 from tests.helpers.helm import CHART, OPERATOR_GRANTS, ROOT, run_helm
 from tests.helpers.podsecurity import dry_run_create, pod_from_template, restrict_namespace, restricted_problems
 
@@ -507,11 +505,6 @@ def test_examples_are_accepted_by_the_api_server(crds, k8s_namespace, example):
 # the chart on the real control plane
 # ---------------------------------------------------------------------------------------
 
-def _jwt_subject(token: str) -> str:
-    payload = token.split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["sub"]
-
-
 def _can_i(cp, sa: str, *args: str) -> bool:
     res = kubectl(cp, "auth", "can-i", f"--as={sa}", *args, check=False)
     return res.stdout.strip() == "yes"
@@ -575,116 +568,3 @@ def test_cluster_wide_rbac_grants_what_the_operator_needs(tools, helm_env, crds,
         assert not _can_i(cp, sa, "update", "leases.coordination.k8s.io/kube-scheduler", "-n", ns)
     finally:
         kubectl(cp, "delete", "-n", ns, "--ignore-not-found", "--wait=false", "-f", "-", input=out, check=False)
-
-
-@pytest.mark.k8s
-@pytest.mark.kafka
-def test_chart_installs_and_reconciles_a_pipeline(tools, helm_env, crds, running_node_agent, k8s_namespace,
-                                                  kube_api, kafka_bootstrap, tmp_path):
-    """docs/install.md on the local control plane: helm install (namespaced mode), the operator
-    pod running through the node agent as the chart's ServiceAccount, a pipeline Ready."""
-    from kubernetes import client
-
-    cp, agent = crds, running_node_agent
-    op_ns = k8s_namespace
-    pipe_ns = f"pipelines-{uuid.uuid4().hex[:6]}"
-    kubectl(cp, "create", "namespace", pipe_ns)
-    kubeconfig = ["--kubeconfig", str(cp.kubeconfig)]
-    release = "eopipe"
-    try:
-        res = run_helm(
-            tools, helm_env, "install", release, str(CHART), "--namespace", op_ns, "--create-namespace", *kubeconfig,
-            "--set", f"watchNamespaces={{{pipe_ns}}}",
-            # The node agent has no in-cluster mount; the pod builds its kubeconfig from the
-            # ServiceAccount's projected token instead of inheriting the agent's admin one.
-            "--set", "serviceAccountKubeconfig.enabled=true",
-            "--set", f"serviceAccountKubeconfig.server={cp.server}",
-            # Pods of the node agent share the host's ports: listen on the pod's own IP.
-            "--set", "bindAddress=$(POD_IP)",
-            "--set", "resyncSeconds=3", "--set", "logLevel=debug",
-            "--wait", "--timeout", "180s", timeout=240)
-        assert "kubectl apply --server-side" in res.stdout  # NOTES.txt: the CRD upgrade path
-        kubectl(cp, "-n", op_ns, "rollout", "status", f"deployment/{release}", "--timeout=60s")
-
-        # Two replicas; the Lease's holder is the one that reconciles.
-        core = client.CoreV1Api(kube_api)
-        pods = core.list_namespaced_pod(op_ns, label_selector="app.kubernetes.io/name=eopipe").items
-        assert len(pods) == 2, [p.metadata.name for p in pods]
-        leader = wait_for(lambda: client.CoordinationV1Api(kube_api).read_namespaced_lease(
-            f"{release}-leader", op_ns).spec.holder_identity, 60, what="a Lease holder")
-        pod = next(p for p in pods if p.metadata.name == leader)
-        follower = next(p for p in pods if p.metadata.name != leader)
-        # The operator process authenticates as the chart's ServiceAccount.
-        pid = agent.pod_pid(op_ns, pod.metadata.name)
-        environ = dict(kv.split("=", 1) for kv in
-                       Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in kv)
-        kc_path = Path(environ["KUBECONFIG"])
-        assert kc_path != cp.kubeconfig and kc_path.name == "kubeconfig", kc_path
-        kc = yaml.safe_load(kc_path.read_text())
-        assert kc["users"][0]["user"] == {"tokenFile": "token"}
-        token = (kc_path.parent / "token").read_text()
-        assert _jwt_subject(token) == f"system:serviceaccount:{op_ns}:{release}"
-
-        # A pipeline, as in docs/install.md (bootstrap servers pointed at the test broker).
-        doc = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
-        doc["spec"]["kafka"]["bootstrapServers"] = kafka_bootstrap
-        doc["spec"]["source"]["topic"] = f"events-{pipe_ns}"
-        kubectl(cp, "apply", "-n", pipe_ns, "-f", "-", input=yaml.safe_dump(doc))
-        res = kubectl(cp, "wait", "-n", pipe_ns, "eop/minimal", "--for=condition=Ready", "--timeout=240s",
-                      check=False)
-        if res.returncode != 0:
-            raise AssertionError(f"pipeline not Ready: {res.stderr}\n"
-                                 f"{kubectl(cp, 'get', 'eop', 'minimal', '-n', pipe_ns, '-o', 'yaml').stdout}\n"
-                                 f"operator log:\n{agent.pod_logs(op_ns, pod.metadata.name)[-6000:]}")
-        # Sufficient RBAC: not one request of the operator was refused.
-        log = agent.pod_logs(op_ns, pod.metadata.name)
-        assert "Forbidden" not in log and " 403" not in log, log[-4000:]
-        standby = agent.pod_logs(op_ns, follower.metadata.name)
-        assert "not leading: held by " + leader in standby and "reconciled" not in standby, standby[-4000:]
-        described = kubectl(cp, "describe", "eop", "minimal", "-n", pipe_ns).stdout
-        assert "Running" in described and "DedupReady" in described
-        table = kubectl(cp, "get", "eop", "-n", pipe_ns).stdout.splitlines()
-        assert table[1].split()[:5] == ["minimal", "Running", "True", "4", "1"], table
-
-        # Health and metrics on the pod's IP, as the probes and Prometheus reach them.
-        ip = core.read_namespaced_pod(pod.metadata.name, op_ns).status.pod_ip
-        assert urllib.request.urlopen(f"http://{ip}:8081/healthz", timeout=10).status == 200
-        metrics = urllib.request.urlopen(f"http://{ip}:9090/metrics", timeout=10).read().decode()
-        assert f'eopipe_operator_pipeline_ready{{name="minimal",namespace="{pipe_ns}"}} 1.0' in metrics
-
-        # The SA cannot act outside the watched namespace (least privilege, namespaced mode).
-        sa = f"system:serviceaccount:{op_ns}:{release}"
-        assert _can_i(cp, sa, "create", "statefulsets.apps", "-n", pipe_ns)
-        assert not _can_i(cp, sa, "create", "statefulsets.apps", "-n", "default")
-        assert not _can_i(cp, sa, "get", "secrets", "-n", "default")
-        # The pipelines it compares topics with: those of the watched namespaces (control/conflicts.py).
-        assert _can_i(cp, sa, "list", "exactlyoncepipelines.eopipe.dev", "-n", pipe_ns)
-        # Its Lease, in its own namespace only.
-        assert _can_i(cp, sa, "update", f"leases.coordination.k8s.io/{release}-leader", "-n", op_ns)
-        assert not _can_i(cp, sa, "update", "leases.coordination.k8s.io/other", "-n", op_ns)
-        assert not _can_i(cp, sa, "create", "leases.coordination.k8s.io", "-n", pipe_ns)
-
-        # The documented upgrade path: CRD first (Helm never upgrades crds/), then the release.
-        kubectl(cp, "apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
-        run_helm(tools, helm_env, "upgrade", release, str(CHART), "--namespace", op_ns, *kubeconfig,
-                 "--reset-then-reuse-values", "--set", "resyncSeconds=5", "--wait", "--timeout", "180s", timeout=240)
-        wait_for(lambda: _ready_again(cp, pipe_ns), 120, what="pipeline Ready after the upgrade")
-
-        # Uninstall, as documented: pipelines first (their finalizer needs the operator).
-        kubectl(cp, "delete", "eop", "--all", "-n", pipe_ns, "--timeout=120s")
-        run_helm(tools, helm_env, "uninstall", release, "--namespace", op_ns, *kubeconfig, "--wait",
-                 timeout=180)
-        assert not kubectl(cp, "get", "deploy", "-n", op_ns, "-o", "name").stdout.strip()
-    finally:
-        # A failed run must not leave a namespace stuck on the pipeline's finalizer.
-        kubectl(cp, "delete", "eop", "--all", "-n", pipe_ns, "--wait=false", check=False)
-        kubectl(cp, "patch", "eop", "minimal", "-n", pipe_ns, "--type=merge",
-                "-p", '{"metadata":{"finalizers":null}}', check=False)
-        run_helm(tools, helm_env, "uninstall", release, "--namespace", op_ns, *kubeconfig, check=False)
-        kubectl(cp, "delete", "namespace", pipe_ns, "--wait=false", check=False)
-
-
-def _ready_again(cp, ns: str) -> bool:
-    obj = json.loads(kubectl(cp, "get", "eop", "minimal", "-n", ns, "-o", "json").stdout)
-    ready = next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == "Ready"), {})
-    return ready.get("status") == "True" and obj["status"].get("observedGeneration") == obj["metadata"]["generation"]

@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from localenv.fixtures_operator import kubectl
+from tests.helpers.docs import sh_blocks
 from tests.helpers.helm import OPERATOR_GRANTS, ROOT
 
 SECTION = "## kubectl (without a Helm release)"
@@ -33,16 +34,6 @@ REGISTRY = "registry.invalid"  # the doc's <registry>
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 
 
-def doc_blocks() -> list[list[str]]:
-    """The section's ```sh blocks, each as its commands (continuation lines joined)."""
-    text = (ROOT / "docs" / "install.md").read_text()
-    assert SECTION in text, f"docs/install.md has no section {SECTION!r}"
-    section = text.split(SECTION, 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
-    return [[c.strip() for c in b.replace("\\\n", " ").splitlines() if c.strip() and not c.strip().startswith("#")]
-            for b in blocks]
-
-
 def _can_i(cp, sa: str, *args: str) -> bool:
     return kubectl(cp, "auth", "can-i", f"--as={sa}", *args, check=False).stdout.strip() == "yes"
 
@@ -50,7 +41,7 @@ def _can_i(cp, sa: str, *args: str) -> bool:
 @pytest.mark.k8s
 def test_kubectl_install_and_upgrade_as_documented(tools, helm_env, crds, tmp_path):
     cp = crds
-    blocks = doc_blocks()
+    blocks = sh_blocks("install.md", SECTION)
     assert len(blocks) == 2, f"expected an install and an upgrade block, found {blocks}"
     install, upgrade = blocks
     suffix = uuid.uuid4().hex[:6]

@@ -7,8 +7,6 @@ Spark is heavy on a 2-core machine: every test here runs at most one driver at a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,6 +22,7 @@ from eopipe.tools.loadgen import run_load
 from eopipe.tools.verify import TopicReader, verify
 from spark_app import sink_kafka
 from tests.helpers.pipelines import example_names
+from tests.helpers.sparkfiles import checkpoint_offsets, end_offsets, latest_batch, read_files_with_spark
 
 REPO = Path(__file__).resolve().parents[2]
 ID = KeySpec.parse("json:id")
@@ -246,25 +245,9 @@ def test_sql_that_does_not_analyse_exits_2(kafka_bootstrap, spark_driver, tmp_pa
     assert "invalid spark_app config" in d.log_text() and "no_such_column" in d.log_text()
 
 
-def _read_files_with_spark(path: Path, fmt: str, jars: Path) -> list[str]:
-    """Reads a file sink's output through Spark (which honours _spark_metadata); returns ids."""
-    script = (
-        "import json, sys\n"
-        "from pyspark.sql import SparkSession\n"
-        "s = SparkSession.builder.master('local[1]').config('spark.ui.enabled','false').getOrCreate()\n"
-        f"rows = s.read.format({fmt!r}).load({str(path)!r}).select('id').collect()\n"
-        "print('IDS=' + json.dumps([r.id for r in rows]))\n")
-    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
-                         env={**__import__("os").environ, "SPARK_LOCAL_IP": "127.0.0.1",
-                              "PYSPARK_PYTHON": sys.executable})
-    line = [ln for ln in res.stdout.splitlines() if ln.startswith("IDS=")]
-    assert line, res.stderr[-3000:]
-    return json.loads(line[0][4:])
-
-
 @pytest.mark.kafka
 @pytest.mark.spark
-def test_parquet_file_sink_is_exact_across_a_driver_kill(kafka_bootstrap, spark_driver, spark_jars, tmp_path):
+def test_parquet_file_sink_is_exact_across_a_driver_kill(kafka_bootstrap, spark_driver, tmp_path):
     t = Topics(kafka_bootstrap)
     out = tmp_path / "out"
     load = _background_load(kafka_bootstrap, t.source, 3000, rate=400, seed=22)
@@ -280,41 +263,16 @@ def test_parquet_file_sink_is_exact_across_a_driver_kill(kafka_bootstrap, spark_
     d.wait_running()
     stats = _join_load(load)
     # Done when the sink's log has a batch that ends at the source's end offsets.
-    ends = _end_offsets(kafka_bootstrap, t.source)
+    ends = end_offsets(kafka_bootstrap, t.source)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and _checkpoint_offsets(tmp_path / "checkpoint") != ends:
+    while time.monotonic() < deadline and checkpoint_offsets(tmp_path / "checkpoint") != ends:
         time.sleep(1)
     time.sleep(2)  # the batch's commit follows its offsets entry
     d.stop()
-    ids = _read_files_with_spark(out, "parquet", spark_jars)
+    ids = [r[0] for r in read_files_with_spark(out, "parquet", ["id"])]
     counts = Counter(ids)
     assert len(counts) == stats["unique"] == 3000, (len(counts), stats)
     assert max(counts.values()) == 1, [k for k, n in counts.items() if n > 1][:5]
-
-
-def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe"})
-    try:
-        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in sorted(parts)}
-    finally:
-        c.close()
-
-
-def _checkpoint_offsets(checkpoint: Path) -> dict[int, int] | None:
-    """The source offsets after the last committed batch of a checkpoint."""
-    last = _latest_batch(checkpoint, "commits")
-    if last is None:
-        return None
-    lines = (checkpoint / "offsets" / str(last)).read_text().splitlines()
-    offsets = json.loads(lines[-1])
-    (topic_offsets,) = offsets.values()
-    return {int(p): o for p, o in topic_offsets.items()}
-
-
-def _latest_batch(checkpoint: Path, log: str) -> int | None:
-    """The newest batch id in a checkpoint's offsets or commits log."""
-    return max((int(p.name) for p in (checkpoint / log).glob("[0-9]*")), default=None)
 
 
 @pytest.mark.kafka
@@ -347,11 +305,11 @@ def test_driver_sigkill_mid_batch_repeatedly_then_replay_of_a_committed_batch(
     # offset-log and commit-log entries, Spark re-runs the newer batch, not the one dropped here.
     ck = tmp_path / "checkpoint"
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and _latest_batch(ck, "offsets") != _latest_batch(ck, "commits"):
+    while time.monotonic() < deadline and latest_batch(ck, "offsets") != latest_batch(ck, "commits"):
         time.sleep(0.2)
     d.kill()
-    last = _latest_batch(ck, "offsets")
-    assert last == _latest_batch(ck, "commits"), "the last planned batch never committed"
+    last = latest_batch(ck, "offsets")
+    assert last == latest_batch(ck, "commits"), "the last planned batch never committed"
     (ck / "commits" / str(last)).unlink()
     (ck / "commits" / f".{last}.crc").unlink(missing_ok=True)
     d.start()

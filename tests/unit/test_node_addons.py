@@ -1,6 +1,7 @@
 """The node tier's add-on manifests (localenv/node/addons.py): pure, checked without a cluster."""
 
 import ipaddress
+import json
 
 import pytest
 
@@ -32,8 +33,20 @@ def test_default_storage_class_is_the_provisioners():
     assert sc["metadata"]["annotations"]["storageclass.kubernetes.io/is-default-class"] == "true"
     assert sc["provisioner"] == "rancher.io/local-path"
     cm = find("ConfigMap", "local-path-config", "local-path-storage")
-    assert addons.LOCAL_PATH_DIR in cm["data"]["config.json"]
+    classes = json.loads(cm["data"]["config.json"])["storageClassConfigs"]
+    assert classes[addons.STORAGE_CLASS]["nodePathMap"][0]["paths"] == [addons.LOCAL_PATH_DIR]
     assert IMAGES["base"] in cm["data"]["helperPod.yaml"]
+
+
+def test_shared_class_is_the_provisioners_shared_filesystem_mode_and_not_the_default():
+    """ReadWriteMany binds only in that mode (the provisioner refuses it for node paths), and
+    every class the provisioner serves needs its entry (it refuses claims of any other)."""
+    sc = find("StorageClass", addons.SHARED_STORAGE_CLASS)
+    assert sc["provisioner"] == "rancher.io/local-path" and "annotations" not in sc["metadata"]
+    cm = find("ConfigMap", "local-path-config", "local-path-storage")
+    classes = json.loads(cm["data"]["config.json"])["storageClassConfigs"]
+    assert classes[addons.SHARED_STORAGE_CLASS] == {"sharedFileSystemPath": addons.SHARED_DIR}
+    assert set(classes) == {o["metadata"]["name"] for o in OBJS if o["kind"] == "StorageClass"}
 
 
 def test_kafka_service_points_at_the_broker_by_endpointslice():
