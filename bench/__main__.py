@@ -13,6 +13,9 @@ Steps (each module's docstring says exactly what it measures):
                  median and max of 3 rounds each, against targets (10, 30, 30 s); output verified
   migration      handoff of a 1M-key partition: snapshot vs rebuild pause, MB/s
   memory         RSS of one dedup worker with 1M and 10M keys in its store
+  autoscale      the operator's autoscaler under a 1x, 4x, 1x load step on the local control
+                 plane: replicas over time, pause per move, latency per phase, verified output
+                 (left out by --quick: it starts a control plane and runs about 4 minutes)
 
 Prints the detail table of each step, then one combined table (stdout; progress goes to
 stderr); writes the combined table and the details as JSON and a plot as PNG. Absolute
@@ -42,7 +45,7 @@ from pathlib import Path
 from bench.common import REPO, broker, say
 from bench.recovery_summary import FAULTS, parse_faults
 
-STEPS = ("dedup_vs_copy", "latency", "recovery", "migration", "memory")
+STEPS = ("dedup_vs_copy", "latency", "recovery", "migration", "memory", "autoscale")
 FULL = {"records": 200_000, "rounds": 2, "latency_seconds": 20.0, "rates": "100,1000",
         "recovery_keys": 1_000_000, "recovery_rate": 2000.0, "kills": 3, "recovery_steady": 5.0,
         "recovery_faults": "worker_kill,broker_kill,partition,worker_pause", "keys": 1_000_000,
@@ -66,7 +69,7 @@ def _count(n: int) -> str:
 def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[str]) -> tuple[dict, dict]:
     """Runs the steps in order; returns (results, errors) by step name. A failing step is
     reported and the others still run."""
-    from bench import dedup_vs_copy, latency, memory, migration, recovery
+    from bench import autoscale, dedup_vs_copy, latency, memory, migration, recovery
 
     rates = tuple(int(r) for r in opts.rates.split(","))
     calls = {
@@ -80,6 +83,7 @@ def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[st
         "migration": lambda: migration.bench(bootstrap, work / "migration", keys=opts.keys, progress=say),
         "memory": lambda: memory.bench(bootstrap, work, sizes=[int(s) for s in opts.memory_sizes.split(",")],
                                        load=opts.memory_load, progress=say),
+        "autoscale": lambda: autoscale.bench(bootstrap, work / "autoscale", progress=say),
     }
     results, errors = {}, {}
     todo = [s for s in STEPS if s not in skip]
@@ -176,6 +180,18 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
     for i, keys in enumerate(int(s) for s in opts.memory_sizes.split(",")):
         row("memory", f"memory_peak_rss_mb_{_count(keys)}", f"memory per dedup pod, {keys:,} keys", "MB",
             "peak RSS (VmHWM) of the worker process" + budget, lambda r, i=i: r[i]["peak_rss_mb"])
+    auto = results.get("autoscale") or {}
+    auto_notes = ("1x = 300/s, one pod's target; " + (f"lost {auto['verify']['lost']}, duplicated "
+                  f"{auto['verify']['duplicated']} (eopipe verify)" if auto else "output verified"))
+    row("autoscale", "autoscale_replicas_4x", "autoscale: pods at the end of 4x", "pods", auto_notes,
+        lambda r: r["phases"][1]["replicas_end"])
+    row("autoscale", "autoscale_replicas_after", "autoscale: pods at the end of 1x after", "pods", auto_notes,
+        lambda r: r["phases"][2]["replicas_end"])
+    row("autoscale", "autoscale_max_pause_ms", "autoscale: longest pause of a move", "ms",
+        f"{len(auto.get('moves', []))} moves, live snapshot handoff",
+        lambda r: max(m["max_pause_ms"] for m in r["moves"]))
+    row("autoscale", "autoscale_p99_ms_4x", "autoscale: latency p99 during 4x", "ms",
+        "dedup stage, produce -> read_committed output", lambda r: r["phases"][1]["p99_ms"])
     return rows
 
 
@@ -320,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     skip = {s for s in args.skip.split(",") if s}
     if skip - set(STEPS):
         ap.error(f"unknown steps in --skip: {','.join(sorted(skip - set(STEPS)))}")
+    if args.quick:
+        skip.add("autoscale")  # python -m bench.autoscale runs it alone
     if args.peers:
         skip = set(STEPS) - {"dedup_vs_copy"}
     elif args.peers is None:

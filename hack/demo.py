@@ -10,7 +10,8 @@ with the Helm chart; examples/payments.yaml is applied with kubectl as it is.
 
 While `eopipe load` sends payments with 20% resends, 5% to a wrong partition and some
 malformed records, the demo: SIGKILLs a dedup pod's container mid-transaction, SIGKILLs the
-Spark driver, scales the dedup pods 2 -> 3 and adds source partitions 8 -> 12. Then it prints
+Spark driver, turns autoscaling on (the operator scales the dedup pods 2 -> 3 under the load)
+and adds source partitions 8 -> 12. Then it prints
 `kubectl get eop` and verifies, reading with read_committed: source -> deduped topic (the
 dedup stage) and source -> the Spark sink (end to end). It exits 0 only if nothing was lost
 or duplicated, 1 otherwise.
@@ -436,8 +437,15 @@ def run_full(args, stack: contextlib.ExitStack) -> int:
         broker_restart(kafka)
     else:
         say("fault", "no broker restart here: the node tier's broker is one process (the process tiers prove broker faults)")
+    # The operator's autoscaler, under the load still running: one pod per 40% of it asks for 3.
+    per_pod = max(1, int(args.rate * 0.4))
+    cluster.rebalance(f"autoscaling on: 2 to 3 dedup pods, one per {per_pod} records/s; at {args.rate:.0f}/s the "
+                      "operator scales 2 -> 3 (state moves by snapshot)",
+                      {"dedup": {"autoscale": {"minReplicas": 2, "maxReplicas": 3, "scaleUpStabilization": "0s",
+                                               "targetRecordsPerSecondPerReplica": per_pod}}})
+    auto = cluster.pipeline()["status"].get("autoscale") or {}
+    say("rebalance", f"status.autoscale: {auto.get('desiredReplicas')} pods desired ({auto.get('message', '')})")
     cluster.kill_spark_driver()
-    cluster.rebalance("scale the dedup pods 2 -> 3 (state moves by snapshot)", {"dedup": {"replicas": 3}})
     cluster.rebalance("add source partitions 8 -> 12 (pause, re-shard state, resume)", {"source": {"partitions": 12}})
     if load.thread.is_alive():
         say("load", "faults done; the load goes on to its end")
