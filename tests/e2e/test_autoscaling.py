@@ -69,6 +69,11 @@ def test_a_burst_scales_the_dedup_pods_up_and_its_end_down(operator, kube_api, k
 
     p.wait_drained()
     assert_verified(p.verify(), stats["unique"])
+    # The health figures the pods report, in status (pod 0 ran throughout: its counts are non-zero).
+    health = p.get()["status"]["dedupStats"]
+    assert health["stateKeys"] > 0 and health["stateBytes"] > 0, health
+    assert health["records"]["consumed"] >= health["records"]["emitted"] > 0, health
+    assert set(health["perSecond"]) == {"consumed", "emitted", "duplicates", "deadLettered"}, health
     msgs = [e.message for e in _events(kube_api, k8s_namespace) if e.reason == "Autoscaled"]
     assert any(m.startswith("dedup replicas ") and " -> 3" in m for m in msgs), msgs
     assert any(m.startswith("dedup replicas ") and " -> 1" in m for m in msgs), msgs

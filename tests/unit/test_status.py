@@ -6,6 +6,7 @@ from eopipe.control.status import (
     FAILURE_REASONS,
     Condition,
     dedup_lag,
+    dedup_stats,
     effective_window_seconds,
     merge_conditions,
     open_transactions,
@@ -116,3 +117,40 @@ T = 60_000  # threshold, ms
 ])
 def test_open_transactions(previous, offsets, now, record, hanging):
     assert open_transactions(previous, offsets, now, T) == (record, hanging)
+
+
+def _pod(counts: dict, parts: dict | None = None) -> PodStatus:
+    """parts: {partition: (state, keys, bytes)}"""
+    return PodStatus.from_json({"counts": counts, "partitions": {
+        str(p): {"state": st, "store": {"keys": k, "bytes": b}} for p, (st, k, b) in (parts or {}).items()}})
+
+
+C0 = {"consumed": 100, "emitted": 80, "duplicates": 19, "deadLettered": 1}
+C1 = {"consumed": 1100, "emitted": 880, "duplicates": 199, "deadLettered": 21}
+RATE0 = {"consumed": 10.0, "emitted": 8.0, "duplicates": 1.9, "deadLettered": 0.1}
+
+
+@pytest.mark.parametrize("pods, previous, now, expected", [
+    # no pod reports: the last record stays (None)
+    ({}, {"sampledAtMs": 0}, 10_000, None),
+    # first sample: totals and state, no rates yet; a partition in handoff counted once (running)
+    ({"a": _pod(C0, {0: ("running", 10, 100), 1: ("stopped", 7, 70)}), "b": _pod(C0, {1: ("running", 8, 80)})},
+     None, 10_000, {"stateKeys": 18, "stateBytes": 180, "records": {k: 2 * v for k, v in C0.items()},
+                    "sampledAtMs": 10_000, "perSecond": None}),
+    # 10 s later: 1000 more consumed by a -> 100/s
+    ({"a": _pod(C1)}, {"sampledAtMs": 0, "pods": {"a": C0}}, 10_000,
+     {"perSecond": {"consumed": 100.0, "emitted": 80.0, "duplicates": 18.0, "deadLettered": 2.0}}),
+    # a restarted (its counts went down): counted from zero
+    ({"a": _pod(C0)}, {"sampledAtMs": 0, "pods": {"a": C1}}, 10_000, {"perSecond": RATE0}),
+    # a new pod counts from zero; a pod gone is left out
+    ({"b": _pod(C0)}, {"sampledAtMs": 0, "pods": {"a": C1}}, 10_000, {"records": C0, "perSecond": RATE0}),
+    # under 5 s since the last sample: that sample stays the base, its rates stand
+    ({"a": _pod(C1)}, {"sampledAtMs": 8_000, "pods": {"a": C0}, "perSecond": {"consumed": 7.0}}, 10_000,
+     {"sampledAtMs": 8_000, "pods": {"a": C0}, "perSecond": {"consumed": 7.0}, "records": C1}),
+])
+def test_dedup_stats(pods, previous, now, expected):
+    got = dedup_stats(pods, previous, now)
+    if expected is None:
+        assert got is None
+    else:
+        assert {k: got.get(k) for k in expected} == expected, got

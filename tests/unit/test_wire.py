@@ -32,6 +32,7 @@ WRITTEN = json.loads("""{
   "pipeline": "orders", "namespace": "shop", "pod": "orders-dedup-1", "generation": 5,
   "owned": [2, 3], "paused": false, "partition_count": 4, "source_partitions": 4,
   "window_seconds": 10800.0, "ready": false,
+  "counts": {"consumed": 1200, "emitted": 1000, "duplicates": 190, "deadLettered": 10},
   "partitions": {
     "2": {"state": "running", "error": null, "committed": 1200, "lag": 0,
           "recovery": {"recovery": "replay", "applied_before": 1100, "replayed": 100,
@@ -113,6 +114,8 @@ def test_the_worker_writes_what_the_operator_reads(tmp_path):
         r0.migration = Migration(method=MigrationMethod.RESHARD_IMPORT, reshard=4, keys=10, bytes=100)
         w.runners[1] = PartitionRunner(w, 1)
         w.outgoing.released[5] = {"bytes": 7}
+        w.metrics.totals.add(5, 4, 1, 0)
+        w.metrics.totals.add(3, 2, 0, 1)
         doc = roundtrip(w.status().to_json())
     finally:
         w.store.close()
@@ -124,6 +127,7 @@ def test_the_worker_writes_what_the_operator_reads(tmp_path):
     assert doc["partitions"]["1"] == {"state": "starting", "error": None, "committed": None, "lag": None,
                                       "recovery": {}, "migration": None, "store": None}
     assert set(doc) == set(WRITTEN) and doc["released"] == {"5": {"bytes": 7}}
+    assert doc["counts"] == {"consumed": 8, "emitted": 6, "duplicates": 1, "deadLettered": 1}
     assert doc["pod"] == "local" and doc["window_seconds"] == 3600 and doc["ready"] is False
     pf = PodFacts("local", "10.0.0.1", True, PodStatus.from_json(doc))
     assert pf.running(0, 2) and not pf.running(1, 2)

@@ -30,6 +30,7 @@ from eopipe.control.sparkstage import SPARK_API, SPARK_GROUP, SPARK_PLURAL, SPAR
 from eopipe.control.status import (
     Condition,
     dedup_lag,
+    dedup_stats,
     effective_window_seconds,
     lag_alert,
     merge_patch,
@@ -269,6 +270,10 @@ class Reconciler:
         lag = dedup_lag(pf.status for pf in facts.pods.values() if pf.status is not None)
         if lag is not None:
             out.fields["lag"] = {"dedup": lag}
+        stats = dedup_stats({n: pf.status for n, pf in facts.pods.items() if pf.status is not None},
+                            (owner.get("status") or {}).get("dedupStats"), int(time.time() * 1000))
+        if stats is not None:  # else the last record stays
+            out.fields["dedupStats"] = stats
         if spec.paused:
             out.stages.append(Condition("DedupReady", True, "Paused", "scaled to zero while paused"))
         elif plan.rebalance is not None:

@@ -92,6 +92,44 @@ def dedup_lag(pods) -> int | None:
     return sum(lag.values()) if lag else None
 
 
+COUNT_KINDS = ("consumed", "emitted", "duplicates", "deadLettered")
+# Per-second figures from samples at least this far apart (reconcile passes can be much closer).
+MIN_RATE_INTERVAL_MS = 5_000
+
+
+def dedup_stats(pods: dict, previous: dict | None, now_ms: int) -> dict | None:
+    """status.dedupStats from the pods' /status (name -> PodStatus) and the last record: the
+    state's keys and bytes over the running partitions (a partition in handoff counted once, at
+    its running owner); the records the pods committed since each started, summed; and per
+    second since the previous sample, a pod whose counts went down (restarted) counting from
+    zero, as Prometheus' rate() does. None without any pod status."""
+    if not pods:
+        return None
+    store: dict[int, tuple[int, int]] = {}
+    for st in pods.values():
+        for p, ps in st.partitions.items():
+            if ps.state == PartitionState.RUNNING and ps.store is not None:
+                store[p] = (ps.store.keys or 0, ps.store.bytes or 0)
+    counts = {name: {k: st.counts.get(k, 0) for k in COUNT_KINDS} for name, st in sorted(pods.items())}
+    out = {"stateKeys": sum(k for k, _ in store.values()), "stateBytes": sum(b for _, b in store.values()),
+           "records": {k: sum(c[k] for c in counts.values()) for k in COUNT_KINDS},
+           "sampledAtMs": now_ms, "pods": counts}
+    prev = previous or {}
+    dt = now_ms - prev.get("sampledAtMs", now_ms)
+    if prev.get("pods") is not None and dt < MIN_RATE_INTERVAL_MS:
+        # Too close to the last sample: it stays the base, and its rates stand.
+        out.update(sampledAtMs=prev["sampledAtMs"], pods=prev["pods"])
+        if "perSecond" in prev:
+            out["perSecond"] = prev["perSecond"]
+        return out
+    if prev.get("pods") is not None and dt > 0:
+        def delta(name: str, k: str) -> int:
+            now, before = counts[name][k], prev["pods"].get(name, {}).get(k, 0)
+            return now - before if now >= before else now
+        out["perSecond"] = {k: round(sum(delta(n, k) for n in counts) * 1000 / dt, 1) for k in COUNT_KINDS}
+    return out
+
+
 def open_transactions(previous: dict | None, offsets: dict[int, tuple[int, int]], now_ms: int,
                       threshold_ms: int) -> tuple[dict, list[int]]:
     """Partitions of the output whose last stable offset stays below the high watermark: an

@@ -127,6 +127,7 @@ class PodStatus(_Wire):
     partitions: dict[int, PartitionStatus] = Field(default_factory=dict)
     released: dict[int, dict[str, Any]] = Field(default_factory=dict)  # snapshot manifests served
     memory: dict[str, Any] = Field(default_factory=dict)
+    counts: dict[str, int] = Field(default_factory=dict)  # committed since the pod started (Totals)
 
 
 # -- state transfer ---------------------------------------------------------------------------

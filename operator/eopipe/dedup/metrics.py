@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -10,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
+        self.totals = Totals()
         lp = ["partition"]
         self.consumed = Counter("eopipe_dedup_consumed", "Source records consumed and committed", lp, registry=r)
         self.emitted = Counter("eopipe_dedup_emitted", "Records emitted to the deduped topic", lp, registry=r)
@@ -38,6 +40,26 @@ class Metrics:
         self.owned = Gauge("eopipe_dedup_partitions_owned", "Partitions in the current assignment", registry=r)
         self.source_partitions = Gauge("eopipe_dedup_source_partitions", "Source topic partition count", registry=r)
         self.memory = Gauge("eopipe_dedup_rocksdb_memory_bytes", "RocksDB shared memory", ["kind"], registry=r)
+
+
+class Totals:
+    """What the pod's partitions committed since it started (the counters above, summed over
+    partitions), for /status: the operator turns them into records per second."""
+
+    KINDS = ("consumed", "emitted", "duplicates", "deadLettered")
+
+    def __init__(self):
+        self._lock = threading.Lock()  # partition threads add after each commit
+        self._n = dict.fromkeys(self.KINDS, 0)
+
+    def add(self, consumed: int, emitted: int, duplicates: int, dead_lettered: int) -> None:
+        with self._lock:
+            for k, v in zip(self.KINDS, (consumed, emitted, duplicates, dead_lettered)):
+                self._n[k] += v
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._n)
 
 
 class Heartbeat:

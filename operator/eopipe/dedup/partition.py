@@ -284,6 +284,7 @@ class PartitionRunner(threading.Thread):
         self.m_dups.inc(c[2])
         self.m_rerouted.inc(c[3])
         self.m_dlq.inc(c[4])
+        self.w.metrics.totals.add(c[0], c[1], c[2], c[4])
         self.m_batch.observe(t.records)
         t.reset(self.committed)
 

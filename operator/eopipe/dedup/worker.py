@@ -101,7 +101,8 @@ class Worker:
                          partition_count=self.home_count(), source_partitions=self.source.partitions,
                          window_seconds=self.cfg.window_seconds, ready=self.ready(),
                          partitions={p: r.status() for p, r in sorted(self.runners.items())},
-                         released=dict(sorted(self.outgoing.released.items())), memory=self.store.memory())
+                         released=dict(sorted(self.outgoing.released.items())), memory=self.store.memory(),
+                         counts=self.metrics.totals.snapshot())
 
     def request_stop(self, *_args) -> None:
         self._halt.set()
