@@ -443,8 +443,9 @@ def run_full(args, stack: contextlib.ExitStack) -> int:
                       "operator scales 2 -> 3 (state moves by snapshot)",
                       {"dedup": {"autoscale": {"minReplicas": 2, "maxReplicas": 3, "scaleUpStabilization": "0s",
                                                "targetRecordsPerSecondPerReplica": per_pod}}})
-    auto = cluster.pipeline()["status"].get("autoscale") or {}
-    say("rebalance", f"status.autoscale: {auto.get('desiredReplicas')} pods desired ({auto.get('message', '')})")
+    events = cluster.core.list_namespaced_event(NS, field_selector="reason=Autoscaled").items
+    why = max(events, key=lambda e: str(e.last_timestamp or e.event_time or "")).message if events else "none"
+    say("rebalance", f"the operator's Autoscaled event: {why}")
     cluster.kill_spark_driver()
     cluster.rebalance("add source partitions 8 -> 12 (pause, re-shard state, resume)", {"source": {"partitions": 12}})
     if load.thread.is_alive():
