@@ -479,6 +479,9 @@ def main() -> int:
 
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
+    # Ctrl-C tears down whatever this process inherited: a shell starts background jobs with
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler of its own.
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     code = 1
     with contextlib.ExitStack() as stack:

@@ -6,6 +6,7 @@ node tier (one per machine, as `make cluster`). Each test gives it its own workd
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -85,6 +86,11 @@ def test_ctrl_c_tears_everything_down(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            # Its broker and workers run in sessions of their own: a failed run must not leave
+            # them to the rest of the suite.
+            for line in leftovers(workdir):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
     out = "".join(lines) + rest
     assert proc.returncode == 130, out[-3000:]
     assert "interrupted: tearing down" in out and "verdict" not in out
