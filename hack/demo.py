@@ -310,6 +310,16 @@ class Cluster:
         say("fault", f"driver resubmitted (restartPolicy OnFailure) and RUNNING in {time.monotonic() - t:.1f}s; "
                      "it resumes from its checkpoint")
 
+    def last_event(self, reason: str, timeout: float = 60) -> str:
+        """The message of the pipeline's newest event with this reason. Kopf posts events in the
+        background, a little after the pass that made them: waited for."""
+        deadline = time.monotonic() + timeout
+        while not (events := self.core.list_namespaced_event(NS, field_selector=f"reason={reason}").items):
+            if time.monotonic() > deadline:
+                return f"none after {timeout:.0f}s"
+            time.sleep(1)
+        return max(events, key=lambda e: str(e.last_timestamp or e.event_time or "")).message
+
     def spark_app(self) -> dict:
         apps = self.custom.list_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", NS,
                                                          "sparkapplications")["items"]
@@ -443,9 +453,7 @@ def run_full(args, stack: contextlib.ExitStack) -> int:
                       "operator scales 2 -> 3 (state moves by snapshot)",
                       {"dedup": {"autoscale": {"minReplicas": 2, "maxReplicas": 3, "scaleUpStabilization": "0s",
                                                "targetRecordsPerSecondPerReplica": per_pod}}})
-    events = cluster.core.list_namespaced_event(NS, field_selector="reason=Autoscaled").items
-    why = max(events, key=lambda e: str(e.last_timestamp or e.event_time or "")).message if events else "none"
-    say("rebalance", f"the operator's Autoscaled event: {why}")
+    say("rebalance", f"the operator's Autoscaled event: {cluster.last_event('Autoscaled')}")
     cluster.kill_spark_driver()
     cluster.rebalance("add source partitions 8 -> 12 (pause, re-shard state, resume)", {"source": {"partitions": 12}})
     if load.thread.is_alive():
