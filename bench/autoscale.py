@@ -196,13 +196,12 @@ def bench(bootstrap: str, workdir: Path, rate: float = 300, seconds: tuple[float
         lat, sampler = _Latency(bootstrap, deduped_topic(ns, name), t0), _Sampler(get, t0)
         lat.start()
         sampler.start()
-        phases, unique = [], 0
+        phases = []
         for (factor, label), secs in zip(PHASES, seconds):
             start = time.time() - t0
             progress(f"autoscale: {label} = {rate * factor:.0f} records/s for {secs:.0f}s")
-            stats = run_load(bootstrap, topic, int(rate * factor * secs), dup_ratio=0.2, rate=rate * factor,
+            run_load(bootstrap, topic, int(rate * factor * secs), dup_ratio=0.2, rate=rate * factor,
                              seed=len(phases) + 1)
-            unique += stats["unique"]
             phases.append({"name": label, "rate": rate * factor, "start": start, "end": time.time() - t0})
         # The last phase runs on until the pods are back to one (the down window) or 120 s pass.
         end = time.time() + 120

@@ -21,14 +21,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from eopipe.control.status import dedup_lag
+from eopipe.control.status import MIN_RATE_INTERVAL_MS, dedup_lag
 from eopipe.core.durations import duration_ms, rfc3339
 from eopipe.core.wire import PartitionState
 
 TOLERANCE = 0.1
-# Records/s is the growth of the source's end offsets between two samples at least this far
-# apart: reconcile passes closer together would measure mostly noise.
-MIN_RATE_INTERVAL_MS = 5_000
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,8 @@ def dedup_lag(pods) -> int | None:
 
 
 COUNT_KINDS = ("consumed", "emitted", "duplicates", "deadLettered")
-# Per-second figures from samples at least this far apart (reconcile passes can be much closer).
+# Per-second figures (the autoscaler's records/s, status.dedupStats) from samples at least this
+# far apart: reconcile passes closer together would measure mostly noise.
 MIN_RATE_INTERVAL_MS = 5_000
 
 
