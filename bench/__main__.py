@@ -6,7 +6,11 @@ Steps (each module's docstring says exactly what it measures):
                  with the peers (bench/peers/: Java copiers, Kafka Streams exactly_once_v2 dedup,
                  Spark dropDuplicatesWithinWatermark, its duplicates after a driver SIGKILL) as
                  ratios against eopipe. --peers runs this table alone; --quick leaves the peers out
+  scale          dedup throughput with 1, 2 and 4 pods on 4 and 16 partitions (one machine: the
+                 pods share its cores), speed-up over 1 pod, output verified
   latency        Spark stage end to end, produce -> exactly-once Kafka sink: p50/p99
+  dedup_latency  the dedup stage alone, produce -> visible read_committed, at 1k and 10k
+                 records/s, per commit interval (the latency/throughput knob), output verified
   recovery       dedup worker (1M keys) under steady load, on a broker of its own behind toxiproxy:
                  time until the lag is back to steady after a worker SIGKILL, a broker SIGKILL, a
                  network partition past the transaction timeout (healed) and a worker SIGSTOP;
@@ -42,20 +46,24 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.common import REPO, broker, say
+from bench.common import REPO, broker, positive_ints, say
 from bench.recovery_summary import FAULTS, parse_faults
 
-STEPS = ("dedup_vs_copy", "latency", "recovery", "migration", "memory", "autoscale")
+STEPS = ("dedup_vs_copy", "scale", "latency", "dedup_latency", "recovery", "migration", "memory", "autoscale")
 FULL = {"records": 200_000, "rounds": 2, "latency_seconds": 20.0, "rates": "100,1000",
         "recovery_keys": 1_000_000, "recovery_rate": 2000.0, "kills": 3, "recovery_steady": 5.0,
         "recovery_faults": "worker_kill,broker_kill,partition,worker_pause", "keys": 1_000_000,
-        "memory_sizes": "1000000,10000000", "memory_load": 20_000}
+        "memory_sizes": "1000000,10000000", "memory_load": 20_000,
+        "scale_records": 400_000, "scale_pods": "1,2,4", "scale_partitions": "4,16",
+        "dedup_rates": "1000,10000", "commit_intervals": "100,1000", "dedup_latency_seconds": 15.0}
 QUICK = {"records": 20_000, "rounds": 1, "latency_seconds": 4.0, "rates": "100,1000",
          "recovery_keys": 50_000, "recovery_rate": 1000.0, "kills": 1, "recovery_steady": 2.0,
          # the broker kill is left out of the smoke run: it costs a broker restart (20-35 s on a
          # busy 2-core machine) on top of the fault broker's start; --recovery-faults adds it
          "recovery_faults": "worker_kill,partition", "keys": 20_000,
-         "memory_sizes": "20000,100000", "memory_load": 5_000}
+         "memory_sizes": "20000,100000", "memory_load": 5_000,
+         "scale_records": 20_000, "scale_pods": "1,2", "scale_partitions": "4",
+         "dedup_rates": "1000", "commit_intervals": "100", "dedup_latency_seconds": 4.0}
 
 
 def _count(n: int) -> str:
@@ -69,12 +77,19 @@ def _count(n: int) -> str:
 def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[str]) -> tuple[dict, dict]:
     """Runs the steps in order; returns (results, errors) by step name. A failing step is
     reported and the others still run."""
-    from bench import autoscale, dedup_vs_copy, latency, memory, migration, recovery
+    from bench import autoscale, dedup_latency, dedup_vs_copy, latency, memory, migration, recovery, scale
 
     rates = tuple(int(r) for r in opts.rates.split(","))
     calls = {
         "dedup_vs_copy": lambda: dedup_vs_copy.bench(bootstrap, work / "dedup_vs_copy", records=opts.records,
                                                      rounds=opts.rounds, progress=say, peers=opts.peers),
+        "scale": lambda: scale.bench(bootstrap, work / "scale", pods=positive_ints(opts.scale_pods),
+                                     partitions=positive_ints(opts.scale_partitions), records=opts.scale_records,
+                                     verify="all", progress=say),
+        "dedup_latency": lambda: dedup_latency.bench(bootstrap, work / "dedup_latency",
+                                                     rates=positive_ints(opts.dedup_rates),
+                                                     intervals=positive_ints(opts.commit_intervals),
+                                                     seconds=opts.dedup_latency_seconds, progress=say),
         "latency": lambda: latency.bench(bootstrap, work / "latency", rates=rates, seconds=opts.latency_seconds,
                                          progress=say),
         "recovery": lambda: recovery.bench(work / "recovery", keys=opts.recovery_keys, rate=opts.recovery_rate,
@@ -144,6 +159,27 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
         row("dedup_vs_copy", "spark_dedup_duplicated_after_kill", "peer: Spark dedup, dup keys after SIGKILL",
             "keys", f"of {kill.get('unique', 0):,} unique, {kill.get('lost', '?')} lost; "
             "restart from checkpoint, counted by eopipe verify", lambda r: r["spark_kill"]["duplicated"])
+    for r in (results.get("scale") or {}).get("rows") or []:
+        def scale_notes(r=r):
+            x = "" if r["speedup"] is None else f"{r['speedup']:.2f}x 1 pod"
+            steady = "" if r["steady_records_per_s"] is None else f", steady {r['steady_records_per_s']:,.0f}/s"
+            cpu = "" if r["cpu_us_per_record"] is None else f", CPU {r['cpu_us_per_record']:.1f} µs/record"
+            return f"{x}{steady}{cpu}; {opts.scale_records:,} records, pods share the machine's cores"
+        row("scale", f"scale_{r['partitions']}p_{r['pods']}pods_records_per_s",
+            f"dedup, {r['partitions']} partitions, {r['pods']} pod{'s' * (r['pods'] > 1)}", "records/s",
+            scale_notes(), lambda res, r=r: r["records_per_s"])
+    if "scale" in skip or not results.get("scale"):
+        row("scale", "scale_records_per_s", "dedup by pods and partitions", "records/s", "step failed",
+            lambda res: res["rows"][0]["records_per_s"])
+    for rate in positive_ints(opts.dedup_rates):
+        for interval in positive_ints(opts.commit_intervals):
+            def lat_row(res, rate=rate, interval=interval):
+                return next(x for x in res["rows"] if x["rate"] == rate and x["commit_interval_ms"] == interval)
+            notes = f"dedup stage, produce -> visible read_committed, commit interval {interval} ms"
+            for q in ("p50", "p99"):
+                row("dedup_latency", f"dedup_latency_{q}_ms_{rate}_{interval}",
+                    f"dedup latency {q} at {rate}/s, {interval} ms", "ms", notes,
+                    lambda res, q=q, f=lat_row: f(res)[f"{q}_ms"])
     for i, rate in enumerate(int(r) for r in opts.rates.split(",")):
         notes = f"Spark, exactly-once Kafka sink, trigger 1s, {rate}/s for {opts.latency_seconds:.0f}s"
         row("latency", f"latency_p50_ms_{rate}", f"end-to-end latency p50 at {rate}/s", "ms", notes,
@@ -213,7 +249,7 @@ def plot(results: dict, rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     val = {r["id"]: r["value"] for r in rows}
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    fig, axes = plt.subplots(2, 4, figsize=(20, 8.5))
     fig.suptitle(title)
 
     def bars(ax, labels, values, ylabel, subtitle, colors=None, fmt="{:,.0f}"):
@@ -238,25 +274,29 @@ def plot(results: dict, rows: list[dict], path: Path, title: str) -> None:
     if peers:
         plt.setp(ax.get_xticklabels(), fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
 
-    ax = axes[0][1]
+    def p50_p99(ax, runs, labels, subtitle):
+        if runs:
+            xs = range(len(runs))
+            w = 0.38
+            for off, q in ((-w / 2, "p50"), (w / 2, "p99")):
+                vals = [r[f"{q}_ms"] or 0 for r in runs]
+                ax.bar([x + off for x in xs], vals, w, label=q)
+                for x, v in zip(xs, vals):
+                    ax.annotate(f"{v:,.0f}", (x + off, v), ha="center", va="bottom", fontsize=9)
+            ax.set_xticks(list(xs), labels)
+            ax.legend()
+            ax.margins(y=0.15)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+        ax.set_ylabel("ms")
+        ax.set_title(subtitle, fontsize=11)
+
     lat = results.get("latency") or []
-    if lat:
-        xs = range(len(lat))
-        w = 0.38
-        p50 = [r["p50_ms"] for r in lat]
-        p99 = [r["p99_ms"] for r in lat]
-        ax.bar([x - w / 2 for x in xs], p50, w, label="p50")
-        ax.bar([x + w / 2 for x in xs], p99, w, label="p99")
-        for x, a, b in zip(xs, p50, p99):
-            ax.annotate(f"{a:,.0f}", (x - w / 2, a), ha="center", va="bottom", fontsize=9)
-            ax.annotate(f"{b:,.0f}", (x + w / 2, b), ha="center", va="bottom", fontsize=9)
-        ax.set_xticks(list(xs), [f"{r['rate']}/s" for r in lat])
-        ax.legend()
-        ax.margins(y=0.15)
-    else:
-        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-    ax.set_ylabel("ms")
-    ax.set_title("end-to-end latency, Spark exactly-once sink (trigger 1s)", fontsize=11)
+    p50_p99(axes[0][1], lat, [f"{r['rate']}/s" for r in lat],
+            "end-to-end latency, Spark exactly-once sink (trigger 1s)")
+    dl = (results.get("dedup_latency") or {}).get("rows") or []
+    p50_p99(axes[0][3], dl, [f"{r['rate']:,}/s\n{r['commit_interval_ms']} ms" for r in dl],
+            "dedup stage latency by rate and commit interval")
 
     ax = axes[0][2]
     rec = [(f, val.get(f"recovery_{f.name}_s"), val.get(f"recovery_{f.name}_max_s")) for f in FAULTS.values()
@@ -289,6 +329,25 @@ def plot(results: dict, rows: list[dict], path: Path, title: str) -> None:
                     fontsize=8)
 
     ax = axes[1][2]
+    sc = (results.get("scale") or {}).get("rows") or []
+    for parts in sorted({r["partitions"] for r in sc}):
+        pts = [r for r in sc if r["partitions"] == parts]
+        ax.plot([r["pods"] for r in pts], [r["records_per_s"] for r in pts], marker="o", label=f"{parts} partitions")
+        for r in pts:
+            ax.annotate(f"{r['records_per_s']:,.0f}", (r["pods"], r["records_per_s"]), xytext=(0, 4),
+                        textcoords="offset points", ha="center", fontsize=8)
+    if sc:
+        ax.set_xticks(sorted({r["pods"] for r in sc}))
+        ax.legend()
+        ax.set_ylim(bottom=0)
+        ax.margins(y=0.15)
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("dedup pods (one machine: they share its cores)")
+    ax.set_ylabel("records/s")
+    ax.set_title("dedup throughput by pods", fontsize=11)
+
+    ax = axes[1][3]
     ax.axis("off")
     ax.text(0, 1, "\n".join(f"{r['metric'][:44]}: " + ("FAILED" if r["value"] is None else f"{r['value']:,.2f}")
                             + f" {r['unit']}" for r in rows), va="top", fontsize=7.5, family="monospace",
@@ -310,7 +369,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bootstrap", help="an existing broker (default: start the local test broker)")
     ap.add_argument("--records", type=int, help=f"dedup_vs_copy: records in the source ({FULL['records']})")
     ap.add_argument("--rounds", type=int, help=f"dedup_vs_copy: rounds per contestant ({FULL['rounds']})")
+    ap.add_argument("--scale-records", type=int, help=f"scale: records per source ({FULL['scale_records']})")
+    ap.add_argument("--scale-pods", help=f"scale: pod counts, comma separated ({FULL['scale_pods']})")
+    ap.add_argument("--scale-partitions", help=f"scale: partition counts, comma separated ({FULL['scale_partitions']})")
     ap.add_argument("--rates", help=f"latency: events/s, comma separated ({FULL['rates']})")
+    ap.add_argument("--dedup-rates", help=f"dedup_latency: records/s, comma separated ({FULL['dedup_rates']})")
+    ap.add_argument("--commit-intervals",
+                    help=f"dedup_latency: commit intervals, ms, comma separated ({FULL['commit_intervals']})")
+    ap.add_argument("--dedup-latency-seconds", type=float,
+                    help=f"dedup_latency: measured seconds per row ({FULL['dedup_latency_seconds']})")
     ap.add_argument("--latency-seconds", type=float, help=f"latency: seconds per rate ({FULL['latency_seconds']})")
     ap.add_argument("--recovery-keys", type=int, help=f"recovery: keys in the store ({FULL['recovery_keys']})")
     ap.add_argument("--recovery-rate", type=float, help=f"recovery: load, records/s ({FULL['recovery_rate']})")
@@ -333,6 +400,11 @@ def main(argv: list[str] | None = None) -> int:
         parse_faults(args.recovery_faults)
     except ValueError as e:
         ap.error(f"--recovery-faults: {e}")
+    for opt in ("scale_pods", "scale_partitions", "dedup_rates", "commit_intervals"):
+        try:
+            positive_ints(getattr(args, opt))
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"--{opt.replace('_', '-')}: {e}")
     skip = {s for s in args.skip.split(",") if s}
     if skip - set(STEPS):
         ap.error(f"unknown steps in --skip: {','.join(sorted(skip - set(STEPS)))}")

@@ -53,6 +53,17 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[i]
 
 
+def positive_ints(text: str) -> tuple[int, ...]:
+    """argparse type of a list option (`1,2,4`): integers >= 1, comma separated, no repeats."""
+    try:
+        values = tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma separated integers, got {text!r}") from None
+    if min(values) < 1 or len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct integers >= 1, got {text!r}")
+    return values
+
+
 def write_json(path: Path, doc: dict) -> None:
     tmp = path.with_suffix(".new")
     tmp.write_text(json.dumps(doc))
@@ -242,6 +253,24 @@ class GroupLag:
         self.c.close()
 
 
+# -- the independent check -----------------------------------------------------------------------
+def verified(bootstrap: str, source: str, output: str, key: str = "json:id", *, group: str | None = None,
+             dlq: str | None = None, stop=None, count_aborted: bool = True) -> dict:
+    """eopipe verify over a benchmark's output, once the dedup `group` (if given) committed the
+    end of the source: its counts, or RuntimeError if a record was lost or duplicated."""
+    from eopipe.core.keys import KeySpec
+    from eopipe.tools.verify import verify, wait_for_group
+
+    if group:
+        wait_for_group(bootstrap, group, source, 300, **({"stop": stop} if stop else {}))
+    rep = verify(bootstrap, source, output, key_spec=KeySpec.parse(key), dlq_topic=dlq, settle=2, timeout=300,
+                 count_aborted=count_aborted)
+    if not rep.ok:
+        raise RuntimeError(f"output {output} not exactly-once: {rep.line()} {rep.examples}")
+    return {k: getattr(rep, k, None) for k in ("unique_in", "out", "lost", "duplicated", "unexpected",
+                                                 "out_of_order", "aborted_reads", "dead_lettered")}
+
+
 # -- a dedup store built directly ---------------------------------------------------------------
 def prebuilt_key(i: int) -> bytes:
     """The i-th key of a pre-built store: a UUID-shaped string like the load generator's ids."""
@@ -310,7 +339,7 @@ class Load(threading.Thread):
             self.old += 1
             key = prebuilt_key(self.rng.randrange(self.old_keys))
             return key, json.dumps({"id": key.decode(), "ts": now}).encode(), now
-        if recent and r < self.old_ratio + self.dup_ratio:
+        if recent and r < (self.old_ratio if self.old_keys else 0.0) + self.dup_ratio:
             self.dups += 1
             return recent[self.rng.randrange(len(recent))]
         ev = _event(self.rng, self.sent, now)

@@ -51,7 +51,19 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 
 from bench import recovery_summary as summary
-from bench.common import GroupLag, Load, Setup, Worker, percentile, prebuild_store, say, single_owner, standalone, wait
+from bench.common import (
+    GroupLag,
+    Load,
+    Setup,
+    Worker,
+    percentile,
+    prebuild_store,
+    say,
+    single_owner,
+    standalone,
+    verified,
+    wait,
+)
 from bench.faults import ACTIONS, FaultBroker
 
 TRANSACTION_TIMEOUT = 8.0   # the worker's; a partition or a pause lasts 2 s longer
@@ -139,19 +151,6 @@ def _worker_said(log: Path, since: int) -> dict[str, int]:
     return dict(said)
 
 
-def _verify(bootstrap: str, topics: tuple[str, str, str], group: str) -> dict:
-    from eopipe.core.keys import KeySpec
-    from eopipe.tools.verify import verify, wait_for_group
-
-    wait_for_group(bootstrap, group, topics[0], 180)
-    rep = verify(bootstrap, topics[0], topics[1], key_spec=KeySpec.parse("json:id"), settle=2, timeout=300)
-    doc = {k: getattr(rep, k, None)
-           for k in ("unique_in", "out", "lost", "duplicated", "unexpected", "out_of_order", "aborted_reads")}
-    if not rep.ok:
-        raise RuntimeError(f"output not exactly-once after the faults: {rep.line()} {rep.examples}")
-    return doc
-
-
 def bench(workdir: Path, keys: int = 1_000_000, rate: float = 2000, kills: int = 3, steady: float = 5,
           faults: list[str] | None = None, transaction_timeout: float = TRANSACTION_TIMEOUT,
           progress=say) -> dict:
@@ -185,7 +184,7 @@ def bench(workdir: Path, keys: int = 1_000_000, rate: float = 2000, kills: int =
                     progress(f"recovery: {rounds[-1]}")
             load.stop()
             progress("recovery: load stopped; draining, then eopipe verify")
-            checked = _verify(env.bootstrap, topics, w.group)
+            checked = verified(env.bootstrap, topics[0], topics[1], group=w.group)
         finally:
             lag.close()
             try:

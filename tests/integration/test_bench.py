@@ -22,6 +22,10 @@ EXPECTED = {
     "copy_records_per_s": "records/s",
     "dedup_records_per_s": "records/s",
     "dedup_vs_copy_ratio": "ratio",
+    "scale_4p_1pods_records_per_s": "records/s",
+    "scale_4p_2pods_records_per_s": "records/s",
+    "dedup_latency_p50_ms_1000_100": "ms",
+    "dedup_latency_p99_ms_1000_100": "ms",
     "latency_p50_ms_100": "ms",
     "latency_p99_ms_100": "ms",
     "latency_p50_ms_1000": "ms",
@@ -56,6 +60,12 @@ def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
     # Sanity bounds, loose enough for a busy 2-core machine.
     assert 100 < rows["dedup_records_per_s"]["value"] < 10_000_000
     assert rows["latency_p50_ms_100"]["value"] <= rows["latency_p99_ms_100"]["value"] < 120_000
+    assert rows["dedup_latency_p50_ms_1000_100"]["value"] <= rows["dedup_latency_p99_ms_1000_100"]["value"] < 60_000
+    # Scale and the dedup latency runs each had their output read back by eopipe verify.
+    for run in doc["details"]["scale"]["runs"]:
+        assert (run["verify"]["lost"], run["verify"]["duplicated"]) == (0, 0) and run["verify"]["out"] > 0
+    for r in doc["details"]["dedup_latency"]["rows"]:
+        assert (r["verify"]["lost"], r["verify"]["duplicated"]) == (0, 0) and r["verify"]["out"] > 0
     # Recovery: one round per quick fault class, each judged against its target, and the output
     # of the whole fault sequence counted by eopipe verify.
     rec = doc["details"]["recovery"]

@@ -54,7 +54,7 @@ def _murmur2_partition_py(key: bytes, partitions: int) -> int:
 
 def _librdkafka_murmur2() -> Callable[[bytes, int], int] | None:
     """librdkafka's own murmur2 partitioner (exported by the library confluent-kafka ships),
-    through ctypes: ~6x faster than Python. None if it cannot be found or disagrees."""
+    through ctypes: ~10x faster than Python. None if it cannot be found or disagrees."""
     try:
         import confluent_kafka
 
@@ -63,15 +63,16 @@ def _librdkafka_murmur2() -> Callable[[bytes, int], int] | None:
                 + glob.glob(os.path.join(site, "confluent_kafka", ".dylibs", "librdkafka*.dylib")))
         for name in libs + ["librdkafka.so.1", "librdkafka.dylib"]:
             try:
-                fn = ctypes.CDLL(name).rd_kafka_msg_partitioner_murmur2
+                # PyDLL: the call keeps the GIL (it takes ~0.1 µs; releasing the GIL per record
+                # made the partition threads hand it back and forth). No argtypes: their
+                # conversion doubled the cost; the probe below checks the calls agree.
+                fn = ctypes.PyDLL(name).rd_kafka_msg_partitioner_murmur2
             except (OSError, AttributeError):
                 continue
             fn.restype = ctypes.c_int32
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int32,
-                           ctypes.c_void_p, ctypes.c_void_p]
 
-            def partition(key: bytes, partitions: int, _fn=fn) -> int:
-                return _fn(None, key, len(key), partitions, None, None)
+            def partition(key: bytes, partitions: int, _fn=fn, _len=len) -> int:
+                return _fn(None, key, _len(key), partitions, None, None)
 
             probe = [b"a", b"ab", b"abc", b"abcd", b"0123456789", b"\xff" * 37]
             if all(partition(k, 1000) == _murmur2_partition_py(k, 1000) for k in probe):

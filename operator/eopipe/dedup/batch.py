@@ -93,8 +93,7 @@ class Transaction:
                 self._produce(produce, cfg.dlq_topic, value, key, -1, _ts(m), hdrs)
                 dead += 1
                 continue
-            h = home(k, nparts)
-            if h != p:
+            if nparts > 1 and (h := home(k, nparts)) != p:
                 hdrs = list(headers or ())
                 hdrs.append((H_REROUTED, f"{p}:{m.offset()}".encode()))
                 self._produce(produce, src, value, key, h, _ts(m), hdrs)

@@ -9,6 +9,7 @@ refreshes the source partition count and releases the partitions handed to other
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -221,4 +222,9 @@ class Worker:
 
 
 def run(cfg: WorkerConfig) -> int:
+    # The hot path allocates a Message per record, which the cyclic GC tracks but which never
+    # form cycles: collecting the young generation every 700 allocations cost ~5% of the CPU.
+    # Objects alive at start-up are frozen out of every collection.
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     return Worker(cfg).run()
