@@ -22,7 +22,7 @@ Steps (each module's docstring says exactly what it measures):
                  (left out by --quick: it starts a control plane and runs about 4 minutes)
 
 Prints the detail table of each step, then one combined table (stdout; progress goes to
-stderr); writes the combined table and the details as JSON and a plot as PNG. Absolute
+stderr); writes the combined table and the details as JSON and a plot as PNG and SVG. Absolute
 numbers drift on a shared 2-core machine; compare the rows of one run. The full run takes
 8 to 14 minutes on 2 cores (0.5 to 2 of them pre-building the 10M-key store, 5 to 8 the
 recovery faults; the disk peaks near 0.5 GB under .work/bench, removed after), plus about 5
@@ -355,6 +355,7 @@ def plot(results: dict, rows: list[dict], path: Path, title: str) -> None:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
+    fig.savefig(path.with_suffix(".svg"))  # text: the README's copy (docs/bench.svg) diffs as one
     plt.close(fig)
 
 
@@ -391,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=REPO / ".work" / "bench" / "bench.json",
                     help="write the table and the details as JSON here (default .work/bench/bench.json)")
     ap.add_argument("--png", type=Path, default=REPO / ".work" / "bench" / "bench.png",
-                    help="write the plot here (default .work/bench/bench.png)")
+                    help="write the plot here, and as SVG beside it (default .work/bench/bench.png)")
     args = ap.parse_args(argv)
     for k, v in (QUICK if args.quick else FULL).items():
         if getattr(args, k) is None:
@@ -445,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                                      "mode": mode, "cpus": os.cpu_count(), "summary": rows,
                                      "details": results, "errors": errors}, indent=2, default=str))
     plot(results, rows, args.png, title)
-    say(f"wrote {args.json} and {args.png}")
+    say(f"wrote {args.json}, {args.png} and {args.png.with_suffix('.svg')}")
     if errors:
         say(f"work files kept for the failed steps in {work}")
         return 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -42,7 +43,11 @@ class _SinkWatcher(threading.Thread):
     def run(self) -> None:
         try:
             while not self.halt.is_set():
-                for m in self.c.consume(1000, timeout=0.1):
+                # consume(n, timeout) waits for n records OR the timeout: wake on the first
+                # record, then take what is already there, so the clock stops on arrival.
+                msgs = self.c.consume(1, timeout=0.1)
+                msgs += self.c.consume(999, timeout=0) if msgs else []
+                for m in msgs:
                     if m.error():
                         continue
                     now = time.time() * 1000
@@ -53,7 +58,7 @@ class _SinkWatcher(threading.Thread):
 
 
 def bench(bootstrap: str, workdir: Path, rates: tuple[int, ...] = (100, 1000), seconds: float = 20,
-          trigger: str = "1s", progress=print) -> list[dict]:
+          trigger: str = "1s", progress=print, driver_log: Path | None = None) -> list[dict]:
     from eopipe.tools.loadgen import run_load
     from localenv.fixtures_spark import ensure_spark_jars
     from localenv.sparkrunner import DriverProcess
@@ -70,6 +75,8 @@ def bench(bootstrap: str, workdir: Path, rates: tuple[int, ...] = (100, 1000), s
               "sink": {"kind": "kafka", "topic": out, "commit_topic": commits}}
     env = {**os.environ, "EOPIPE_SPARK_JARS": str(ensure_spark_jars()), "PYSPARK_PYTHON": sys.executable,
            "SPARK_LOCAL_IP": "127.0.0.1"}
+    if driver_log:  # per-batch durations and per-task sink timings in the driver's log
+        env.update(EOPIPE_SPARK_PROGRESS_LOG="1", EOPIPE_SPARK_SINK_DEBUG="1")
     driver = DriverProcess([sys.executable, "-m", "spark_app.main", "--config-json", json.dumps(config)],
                            env, workdir / f"latency-{run_id}.log")
     watcher = _SinkWatcher(bootstrap, out)
@@ -102,6 +109,8 @@ def bench(bootstrap: str, workdir: Path, rates: tuple[int, ...] = (100, 1000), s
                          "max_ms": lat[-1] if lat else float("nan")})
     finally:
         driver.stop()
+        if driver_log:
+            shutil.copyfile(driver.log_path, driver_log)
         watcher.halt.set()
         watcher.join(10)
     return rows
@@ -122,8 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     def options(ap):
         ap.add_argument("--rates", default="100,1000", help="events/s, comma separated (default 100,1000)")
         ap.add_argument("--seconds", type=float, default=20, help="seconds per rate (default 20)")
+        ap.add_argument("--driver-log", type=Path, help="log each micro-batch's durations and the "
+                        "sink's per-task timings, and copy the driver's log here")
     return standalone("bench.latency", __doc__, options, table, argv, lambda bootstrap, work, a: bench(
-        bootstrap, work, rates=tuple(int(r) for r in a.rates.split(",")), seconds=a.seconds, progress=say))
+        bootstrap, work, rates=tuple(int(r) for r in a.rates.split(",")), seconds=a.seconds, progress=say,
+        driver_log=a.driver_log))
 
 
 if __name__ == "__main__":

@@ -90,6 +90,7 @@ def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
 
     data = out_png.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 20_000
+    assert "<svg" in out_png.with_suffix(".svg").read_text()[:2000]
 
 
 PEERS = {"copy", "dedup", "java_copy", "java_tx_copy", "kstreams_dedup", "spark_dedup"}

@@ -82,3 +82,17 @@ def test_worker_follows_the_newest_of_mounted_file_and_watched_configmap(tmp_pat
     src.watch.latest = Assignment(4, {0: "pod-c"})
     assert src.read().owners == {0: "pod-c"}  # a tie goes to the API's copy
     assert AssignmentSource("pod-a", partitions=[1, 2]).read() == Assignment(0, {1: "pod-a", 2: "pod-a"})
+
+
+def test_a_watched_configmap_wakes_the_worker():
+    from types import SimpleNamespace
+
+    from eopipe.core.assignment import CONFIGMAP_KEY
+    from eopipe.dedup.assignment_source import AssignmentSource
+
+    src = AssignmentSource("pod-a", namespace="ns", configmap="cm")  # watch not started
+    assert not src.changed.is_set()
+    src.watch._take(SimpleNamespace(data={CONFIGMAP_KEY: "not json"}))
+    assert not src.changed.is_set()  # nothing new to follow
+    src.watch._take(SimpleNamespace(data={CONFIGMAP_KEY: json.dumps(Assignment(5, {0: "pod-a"}).to_json())}))
+    assert src.changed.is_set() and src.read().generation == 5

@@ -53,6 +53,27 @@ def test_download_checks_size_and_checksum(server, tmp_path):
         assert e.value.final  # 404/410: rebuild at once, no retries
 
 
+def test_a_busy_peer_is_asked_again_soon_and_others_back_off(server, tmp_path):
+    url, routes = server
+    good = hashlib.sha256(BODY).hexdigest()
+    answers = iter([(503, {}, b"being prepared\n")] * 5)
+    retried = []
+
+    def on_retry(e):
+        retried.append(e)
+        # the 6th request finds the snapshot ready
+        routes["/snap"] = next(answers, (200, {"Content-Length": str(len(BODY)), migrate.H_SHA: good}, BODY))
+    routes["/snap"] = next(answers)
+    import time
+    t0 = time.monotonic()
+    facts = migrate.fetch_with_retries(f"{url}/snap", tmp_path / "f", deadline=time.monotonic() + 30,
+                                       on_retry=on_retry)
+    waited = time.monotonic() - t0
+    assert facts["sha256"] == good and facts["ms"] >= 0
+    assert len(retried) == 5 and all(e.busy and not e.final for e in retried)
+    assert waited < 5 * 0.2  # at the backoff's first step (0.2 s) five retries would take 1 s or more
+
+
 def test_retries_end_at_the_deadline(tmp_path):
     import time
     t0 = time.monotonic()

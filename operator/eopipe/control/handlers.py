@@ -215,7 +215,7 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
                                   "so none is deleted; kept: " + ", ".join(t.name for t in desired_topics(names)))
                 return
             wanted = sorted(owned)
-            gone = delete_topics(rec.kafka_admin(names), wanted)
+            gone = delete_topics(rec.kafka_admin(names), wanted, timeout=rec.kafka_timeout)
             kopf.info(body, reason="TopicsDeleted",
                       message=(", ".join(gone) or "none: the operator created no topic that still exists")
                       + "; topics it did not create are kept")

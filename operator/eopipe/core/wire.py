@@ -83,7 +83,8 @@ class Migration(_Wire):
     bytes: int | None = None
     keys: int | None = None
     sha256: str | None = None
-    fetch_ms: int | None = None
+    fetch_ms: int | None = None          # from the first request, waits for the old owner included
+    transfer_ms: int | None = None       # the download and install that succeeded
     import_ms: int | None = None
     stopped_at_ms: int | None = None    # when the old owner stopped the partition
     pause_ms: int | None = None         # from then until it ran here

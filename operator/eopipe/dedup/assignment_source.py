@@ -26,10 +26,11 @@ class ConfigMapWatch(threading.Thread):
     """Keeps the latest assignment of one ConfigMap, watched through the API; reconnects with
     back-off. `latest` is None until the first read."""
 
-    def __init__(self, namespace: str, name: str):
+    def __init__(self, namespace: str, name: str, changed: threading.Event):
         super().__init__(name="assignment-watch", daemon=True)
         self.namespace, self.name = namespace, name
         self.latest: Assignment | None = None
+        self.changed = changed
         self._stop = threading.Event()
         self._watch = None
 
@@ -77,18 +78,20 @@ class ConfigMapWatch(threading.Thread):
             return
         try:
             self.latest = Assignment.from_json(json.loads(text))
+            self.changed.set()
         except (ValueError, KeyError, TypeError) as e:
             event(log, WARNING, "unreadable assignment in the ConfigMap", error=str(e))
 
 
 class AssignmentSource:
     """The fixed --partitions (generation 0), or the newest of the file and the watched
-    ConfigMap."""
+    ConfigMap. `changed` is set when the watch brings a new copy."""
 
     def __init__(self, me: str, partitions: list[int] | None = None, file: Path | None = None,
                  namespace: str | None = None, configmap: str | None = None):
         self.me, self.partitions, self.file = me, partitions, file
-        self.watch = ConfigMapWatch(namespace, configmap) if configmap else None
+        self.changed = threading.Event()
+        self.watch = ConfigMapWatch(namespace, configmap, self.changed) if configmap else None
 
     def start(self) -> None:
         if self.watch is not None:

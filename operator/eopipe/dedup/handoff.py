@@ -67,19 +67,26 @@ def take_over(r: PartitionRunner) -> None:
     tmp = store.root / "snapshots" / f"incoming-{r.p}.tar"
     tmp.parent.mkdir(parents=True, exist_ok=True)
     m = r.migration = Migration(generation=a.generation, from_=ho.get("from"))
+    said: set[str] = set()
+
+    def retrying(e: migrate.TransferError) -> None:  # once per kind: a 503 is asked again every 50 ms
+        if (kind := "busy" if e.busy else str(e)) not in said:
+            said.add(kind)
+            event(log, INFO, "snapshot not available yet; retrying", partition=r.p, error=str(e))
     try:
         facts = migrate.fetch_with_retries(
             url, tmp, deadline=time.monotonic() + r.cfg.handoff_timeout_seconds,
-            should_stop=r.halt.is_set, token=r.cfg.token,
-            on_retry=lambda e: event(log, INFO, "snapshot not available yet; retrying",
-                                     partition=r.p, error=str(e)))
+            should_stop=r.halt.is_set, token=r.cfg.token, on_retry=retrying)
+        t1 = time.monotonic()
         migrate.install_snapshot(tmp, store, r.p)
         stopped = facts.get(H_STOPPED)
         r.migration = m.model_copy(update=dict(
             method=MigrationMethod.SNAPSHOT, bytes=facts["bytes"], sha256=facts["sha256"],
-            fetch_ms=int((time.monotonic() - t0) * 1000), stopped_at_ms=int(stopped) if stopped else None))
+            fetch_ms=int((time.monotonic() - t0) * 1000),
+            transfer_ms=facts["ms"] + int((time.monotonic() - t1) * 1000),
+            stopped_at_ms=int(stopped) if stopped else None))
         event(log, INFO, "snapshot installed", partition=r.p, bytes=facts["bytes"],
-              source=ho.get("from"), fetch_ms=r.migration.fetch_ms)
+              source=ho.get("from"), fetch_ms=r.migration.fetch_ms, transfer_ms=r.migration.transfer_ms)
     except (migrate.TransferError, OSError, tarfile.TarError) as e:
         if r.halt.is_set():
             raise Stopping() from None

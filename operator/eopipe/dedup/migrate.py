@@ -37,14 +37,17 @@ from eopipe.dedup import auth
 
 _REC = struct.Struct(">qI")
 CHUNK = 1 << 20
+BUSY_RETRY = 0.05  # seconds before asking again after a 503
 
 
 class TransferError(Exception):
-    """The state could not be fetched; `final` means retrying will not help (404, 410)."""
+    """The state could not be fetched; `final` means retrying will not help (404, 410);
+    `busy` that the peer answered it is not ready yet (503): worth asking again soon."""
 
-    def __init__(self, msg: str, final: bool = False):
+    def __init__(self, msg: str, final: bool = False, busy: bool = False):
         super().__init__(msg)
         self.final = final
+        self.busy = busy
 
 
 def sha256_file(path: Path) -> str:
@@ -131,14 +134,15 @@ def _get(url: str, timeout: float, token: str | None = None):
         # 401/403: the peer has another token or none; waiting does not change that.
         if e.code in (401, 403, 404, 410):
             raise TransferError(f"{url}: HTTP {e.code}", final=True) from None
-        raise TransferError(f"{url}: HTTP {e.code}") from None
+        raise TransferError(f"{url}: HTTP {e.code}", busy=e.code == 503) from None
     except (urllib.error.URLError, OSError) as e:
         raise TransferError(f"{url}: {getattr(e, 'reason', e)}") from None
 
 
 def download(url: str, dest: Path, *, timeout: float = 30, token: str | None = None) -> dict:
     """GETs url into dest with the pipeline's token; checks Content-Length and sha256. Returns
-    the headers' facts."""
+    the headers' facts and how long it took (ms)."""
+    t0 = time.monotonic()
     with _get(url, timeout, token) as r:
         size = int(r.headers.get("Content-Length", "-1"))
         want = r.headers.get(H_SHA)
@@ -157,13 +161,14 @@ def download(url: str, dest: Path, *, timeout: float = 30, token: str | None = N
         raise TransferError(f"{url}: got {got} bytes, expected {size}")
     if want and h.hexdigest() != want:
         raise TransferError(f"{url}: sha256 mismatch (got {h.hexdigest()[:12]}, expected {want[:12]})")
-    return {"bytes": got, "sha256": h.hexdigest(), **facts}
+    return {"bytes": got, "sha256": h.hexdigest(), "ms": int((time.monotonic() - t0) * 1000), **facts}
 
 
 def fetch_with_retries(url: str, dest: Path, *, deadline: float, should_stop=lambda: False,
                        on_retry=lambda err: None, token: str | None = None) -> dict:
     """Retries transient failures (connection refused while A restarts, 503 while A prepares,
-    a checksum mismatch) until the monotonic deadline; 404/410 give up at once."""
+    a checksum mismatch) until the monotonic deadline; 404/410 give up at once. A 503 is asked
+    again after BUSY_RETRY: A is seconds at most from ready, and the partition waits for it."""
     delay = 0.2
     while True:
         if should_stop():
@@ -171,11 +176,14 @@ def fetch_with_retries(url: str, dest: Path, *, deadline: float, should_stop=lam
         try:
             return download(url, dest, timeout=max(1.0, min(60.0, deadline - time.monotonic())), token=token)
         except TransferError as e:
-            if e.final or time.monotonic() + delay >= deadline:
+            busy = e.busy
+            wait = BUSY_RETRY if busy else delay
+            if e.final or time.monotonic() + wait >= deadline:
                 raise
             on_retry(e)
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
+        time.sleep(wait)
+        if not busy:
+            delay = min(delay * 1.5, 2.0)
 
 
 def install_snapshot(tar_path: Path, store, partition: int) -> None:

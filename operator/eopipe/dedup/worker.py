@@ -32,6 +32,7 @@ from eopipe.dedup.partition import PartitionRunner
 from eopipe.dedup.store import StateStore
 
 log = logging.getLogger("eopipe.dedup")
+TICK = 0.1  # seconds between rounds of the control loop at most
 
 
 class SourceInfo:
@@ -107,6 +108,7 @@ class Worker:
 
     def request_stop(self, *_args) -> None:
         self._halt.set()
+        self.assignments.changed.set()
 
     # -- control loop -----------------------------------------------------------------------
     def run(self) -> int:
@@ -146,7 +148,10 @@ class Worker:
             mem = self.store.memory()
             for kind in ("cache_usage_bytes", "write_buffer_usage_bytes", "budget_bytes"):
                 self.metrics.memory.labels(kind).set(mem[kind])
-            self._halt.wait(0.5)
+            # Woken at once by a new assignment from the API watch; the mounted file is read
+            # each tick. A handoff's pause starts when the old owner sees the new generation.
+            self.assignments.changed.wait(TICK)
+            self.assignments.changed.clear()
         event(log, INFO, "stopping: committing open transactions")
         self.assignments.stop()
         for r in self.runners.values():
@@ -183,9 +188,11 @@ class Worker:
             self.metrics.owned.set(len(owned))
         runnable = self.runnable()
         stopped: dict[int, int] = {}
-        for p in [p for p in self.runners if p not in runnable]:
+        leaving = [p for p in self.runners if p not in runnable]
+        for p in leaving:  # all at once: each commits its open transaction and closes its clients
+            self.runners[p].stop()
+        for p in leaving:
             r = self.runners[p]
-            r.stop()
             r.join(60)
             # Removed only now: until its last commit is done, /status must not call it paused.
             del self.runners[p]
