@@ -153,6 +153,7 @@ class PartitionRunner(threading.Thread):
         self.set_state(PartitionState.RECOVERING)
         t0 = time.monotonic()
         # Fence any older owner of p (a zombie, a pod on a cut-off node): Kafka is the fence.
+        clients.connect(self.producer, self.cfg.output_topic)
         self.calls("init_transactions", lambda: self.producer.init_transactions(API_TIMEOUT_S))
         committed = self.source.committed()
         lo, hi = self.source.watermarks(self.p)
