@@ -169,6 +169,11 @@ def events_view(spark, cfg: Config):
               .option("startingOffsets", cfg.starting_offsets)
               .option("failOnDataLoss", "true")
               .option("kafka.isolation.level", "read_committed"))
+    # A task's pooled consumer can still have a fetch in flight from the previous batch, which
+    # the broker holds up to fetch.max.wait.ms (Java default 500) while no new record arrives;
+    # the task's first fetch waits behind it. The ranges tasks read always hold records (they
+    # end at or below the last stable offset), so a short wait costs nothing.
+    reader = reader.option("kafka.fetch.max.wait.ms", "10")
     for k, v in java_kafka_options(cfg).items():
         reader = reader.option(k, v)
     if cfg.max_offsets_per_trigger:
@@ -277,10 +282,12 @@ def run(cfg: Config) -> int:
         while not stop["requested"]:
             if query.awaitTermination(1):
                 break
-            p = query.lastProgress if progress_log else None
-            if p and p.get("batchId") != last_batch:
-                last_batch = p.get("batchId")
-                log(f"batch {last_batch}: rows={p.get('numInputRows')} durationMs={p.get('durationMs')}")
+            # Every batch since the last look (about one a trigger), not just the latest.
+            for p in (query.recentProgress if progress_log else []):
+                if last_batch is None or p.get("batchId", -1) > last_batch:
+                    last_batch = p.get("batchId")
+                    log(f"batch {last_batch} at {p.get('timestamp')}: rows={p.get('numInputRows')} "
+                        f"durationMs={p.get('durationMs')}")
     finally:
         if stop["requested"]:
             log("SIGTERM: stopping the query (progress is in the checkpoint)")

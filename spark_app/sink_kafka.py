@@ -122,6 +122,12 @@ def _new_producer(params: SinkParams, task: int) -> Producer:
         "transaction.timeout.ms": 60000,
         "message.timeout.ms": 55000,
     })
+    # librdkafka drops its bootstrap connection as soon as it has learnt the brokers; when
+    # init_transactions()' coordinator lookup falls into that gap it retries only after a
+    # fixed 500 ms (rdkafka_idempotence.c), which hit ~1 task in 3. The second metadata
+    # request returns only once a learnt broker is connected, so the lookup goes out at once.
+    for _ in range(2):
+        p.list_topics(params.commit_topic, timeout=TIMEOUT_S)
     p.init_transactions(TIMEOUT_S)
     return p
 
@@ -177,7 +183,12 @@ def read_marker(params: SinkParams, task: int, partition: int, timeout: float = 
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"reading markers of {params.commit_topic}[{partition}] "
                                        f"did not reach offset {stop_at} in {timeout:.0f}s")
-                for m in c.consume(1000, timeout=0.5):
+                # consume(n, timeout) waits for n messages OR the timeout, so a tail shorter
+                # than n always cost the full timeout: wake on the first, then take what has
+                # arrived already. Same messages, same order, same stop conditions.
+                msgs = c.consume(1, timeout=0.5)
+                msgs += c.consume(999, timeout=0) if msgs else []
+                for m in msgs:
                     if m.error() is not None:
                         if m.error().code() == KafkaError._PARTITION_EOF:
                             done = m.offset() >= stop_at
