@@ -144,8 +144,10 @@ class Reconciler:
             if plan.rebalance != rb or plan.last is not None:
                 # Write-ahead: the step is recorded before any of its actions happen, replacing
                 # the recorded one whole (a restarted operator reads back only what it wrote).
-                self._persist(meta, rebalance_patch({"rebalance": rb, "lastRebalance": last},
-                                                    plan.rebalance, plan.last))
+                patch = rebalance_patch({"rebalance": rb, "lastRebalance": last}, plan.rebalance, plan.last)
+                if plan.rebalance is None:  # done: never "settled" beside the old pod count
+                    patch["replicas"] = plan.replicas
+                self._persist(meta, patch)
                 if plan.last is not None:
                     last = plan.last
                 rb = plan.rebalance
