@@ -99,10 +99,12 @@ class PartitionRunner(threading.Thread):
             self._recover()
             handoff.reshard(self)
             self._publish_stats()
-            self.set_state(PartitionState.RUNNING)
             handoff.record_migration(self)
+            # Logged before /readyz can say so: whoever saw the pod ready finds the recovery
+            # in the log (a test read it a millisecond too early).
             event(log, INFO, "partition running", partition=self.p, committed=self.committed,
                   **self.recovery.to_json())
+            self.set_state(PartitionState.RUNNING)
             self._loop()
             self.set_state(PartitionState.STOPPED)
             event(log, INFO, "partition stopped", partition=self.p, committed=self.committed)
@@ -352,9 +354,9 @@ class PartitionRunner(threading.Thread):
             self._recover()
         except Wedged as e:  # init_transactions hung too: the control loop's restart takes over
             raise RuntimeError(str(e)) from None
-        self.set_state(PartitionState.RUNNING)
         event(log, INFO, "partition running", partition=self.p, committed=self.committed, replaced=self.replaced,
               **self.recovery.to_json())
+        self.set_state(PartitionState.RUNNING)
         self._new_txn()
 
     # -- reporting ------------------------------------------------------------------------------
