@@ -29,7 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.common import REPO, percentile, say, standalone, wait
+from bench.common import REPO, LatencyReader, percentile, say, standalone, wait
 
 PHASES = ((1, "1x"), (4, "4x"), (1, "1x"))
 
@@ -108,32 +108,6 @@ def table(result: dict) -> str:
 
 # ------------------------------------------------------------------ the run
 
-class _Latency(threading.Thread):
-    """Arrival minus source timestamp of every output record (read_committed)."""
-
-    def __init__(self, bootstrap: str, topic: str, t0_epoch: float):
-        super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.t0 = bootstrap, topic, t0_epoch
-        self.halt, self.seen = threading.Event(), []
-
-    def run(self) -> None:
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
-
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
-                      "isolation.level": "read_committed", "enable.auto.commit": False})
-        parts = wait(lambda: c.list_topics(self.topic, timeout=5).topics[self.topic].partitions, 120, "output")
-        c.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts])
-        while not self.halt.is_set():
-            # Wake on the first record (a batch call waits for all 500 or the timeout, which
-            # would add up to 200 ms to what is measured), then take what is already fetched.
-            msgs = c.consume(1, 0.2)
-            for m in msgs + c.consume(499, 0) if msgs else ():
-                if m.error() is None:
-                    ts = m.timestamp()[1] / 1000
-                    self.seen.append((ts - self.t0, (time.time() - ts) * 1000))
-        c.close()
-
-
 class _Sampler(threading.Thread):
     def __init__(self, get, t0_epoch: float):
         super().__init__(daemon=True)
@@ -196,7 +170,7 @@ def bench(bootstrap: str, workdir: Path, rate: float = 300, seconds: tuple[float
         progress("autoscale: pipeline Ready with 1 pod")
 
         t0 = time.time()
-        lat, sampler = _Latency(bootstrap, deduped_topic(ns, name), t0), _Sampler(get, t0)
+        lat, sampler = LatencyReader(bootstrap, deduped_topic(ns, name), t0), _Sampler(get, t0)
         lat.start()
         sampler.start()
         phases = []

@@ -20,10 +20,11 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from eopipe.core.names import consumer_group
+from eopipe.tools.loadgen import send
 
 REPO = Path(__file__).resolve().parents[1]
 WINDOW_MS = 24 * 3600 * 1000     # the workers run with --window 24h and the default 4 segments
@@ -357,12 +358,7 @@ class Load(threading.Thread):
                     due = min(due, self.count)
                 while self.sent < due:
                     key, value, ts = self._next(recent)
-                    while True:
-                        try:
-                            self.producer.produce(self.topic, key=key, value=value, timestamp=ts, partition=0)
-                            break
-                        except BufferError:
-                            self.producer.poll(0.05)
+                    send(self.producer, self.topic, key=key, value=value, timestamp=ts, partition=0)
                     self.sent += 1
                 self.producer.poll(0)
                 time.sleep(0.01)
@@ -376,3 +372,27 @@ class Load(threading.Thread):
         self.join(90)
         if self.error is not None:
             raise RuntimeError(f"load generator failed: {self.error}") from self.error
+
+
+class LatencyReader(threading.Thread):
+    """Arrival minus source timestamp of every output record (read_committed)."""
+
+    def __init__(self, bootstrap: str, topic: str, t0_epoch: float):
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.t0 = bootstrap, topic, t0_epoch
+        self.halt, self.seen = threading.Event(), []
+
+    def run(self) -> None:
+        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                      "isolation.level": "read_committed", "enable.auto.commit": False})
+        parts = wait(lambda: c.list_topics(self.topic, timeout=5).topics[self.topic].partitions, 120, "output")
+        c.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in parts])
+        while not self.halt.is_set():
+            # Wake on the first record (a batch call waits for all 500 or the timeout, which
+            # would add up to 200 ms to what is measured), then take what is already fetched.
+            msgs = c.consume(1, 0.2)
+            for m in msgs + c.consume(499, 0) if msgs else ():
+                if m.error() is None:
+                    ts = m.timestamp()[1] / 1000
+                    self.seen.append((ts - self.t0, (time.time() - ts) * 1000))
+        c.close()

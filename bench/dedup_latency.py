@@ -47,8 +47,19 @@ import sys
 import time
 from pathlib import Path
 
-from bench.autoscale import _Latency
-from bench.common import Load, Setup, Worker, percentile, positive_ints, say, single_owner, standalone, verified, wait
+from bench.common import (
+    LatencyReader,
+    Load,
+    Setup,
+    Worker,
+    percentile,
+    positive_ints,
+    say,
+    single_owner,
+    standalone,
+    verified,
+    wait,
+)
 
 COMMIT = "eopipe_dedup_commit_seconds"       # the worker's histograms (dedup/metrics.py)
 BATCH = "eopipe_dedup_transaction_records"
@@ -129,7 +140,7 @@ def _run(bootstrap: str, workdir: Path, rate: int, interval_ms: int, seconds: fl
         wait(lambda: w.running(0, 1), 120, "worker running")
         t0 = time.time()
         # From the output's beginning: its consumer's own start-up falls in the warm-up.
-        lat = _Latency(bootstrap, setup.topics[1], t0)
+        lat = LatencyReader(bootstrap, setup.topics[1], t0)
         lat.start()
         load.start()
         time.sleep(warmup)

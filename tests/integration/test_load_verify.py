@@ -62,6 +62,16 @@ def test_load_places_records_and_makes_duplicates(kafka_bootstrap):
     assert json.loads(next(iter(TopicReader(kafka_bootstrap).read(src))).value() or b"{}") is not None
 
 
+def test_load_waits_when_the_producer_queue_is_full(kafka_bootstrap):
+    """A producer queue far smaller than the load: the generator waits for deliveries instead of
+    failing with BufferError (seen when a slow broker fell behind a 1M-record preload)."""
+    (src,) = _topics(kafka_bootstrap, 2)
+    stats = run_load(kafka_bootstrap, src, 3000, dup_ratio=0.0, seed=3,
+                     producer_config={"queue.buffering.max.messages": 50})
+    assert stats["records"] == 3000
+    assert sum(1 for _ in TopicReader(kafka_bootstrap).read(src)) == 3000
+
+
 def test_verify_counts_lost_duplicated_and_aborted(kafka_bootstrap):
     src, ok_out, bad_out = _topics(kafka_bootstrap, 3, 2, 2)
     run_load(kafka_bootstrap, src, 500, dup_ratio=0.25, poison=3, seed=2)

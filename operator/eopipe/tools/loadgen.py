@@ -55,6 +55,17 @@ def _partition_count(producer: Producer, topic: str, timeout: float = 90, missin
         time.sleep(1)
 
 
+def send(producer: Producer, topic: str, **record) -> None:
+    """produce(), waiting for deliveries while the producer's queue is full (a slow broker)
+    instead of failing with BufferError."""
+    while True:
+        try:
+            producer.produce(topic, **record)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
 def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
              wrong_partition_ratio: float = 0.05, poison: int = 0, partitioner: str = "murmur2",
              rate: float | None = None, seed: int | None = None,
@@ -82,8 +93,8 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
     for i in range(count + poison):
         if i in poison_at:
             # No key and a value that is not JSON: nothing can dedup it; it must reach the DLQ.
-            producer.produce(topic, value=b"{not json", partition=rng.randrange(partitions),
-                             on_delivery=delivered)
+            send(producer, topic, value=b"{not json", partition=rng.randrange(partitions),
+                 on_delivery=delivered)
             stats["poison"] += 1
         else:
             if sent and rng.random() < dup_ratio:
@@ -99,7 +110,7 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
             if partitions > 1 and rng.random() < wrong_partition_ratio:
                 p = (p + rng.randrange(1, partitions)) % partitions
                 stats["wrong_partition"] += 1
-            producer.produce(topic, key=key, value=value, timestamp=ts, partition=p, on_delivery=delivered)
+            send(producer, topic, key=key, value=value, timestamp=ts, partition=p, on_delivery=delivered)
         stats["records"] += 1
         producer.poll(0)
         if rate:
