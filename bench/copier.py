@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group,
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         # the dedup worker's setting, so neither idles on a full queue
+                         "fetch.queue.backoff.ms": 10})
     producer = Producer({"bootstrap.servers": args.bootstrap, "linger.ms": 5,
                          "enable.idempotence": True})
     consumer.subscribe([args.source])
