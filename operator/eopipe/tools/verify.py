@@ -103,7 +103,10 @@ class TopicReader:
     def __init__(self, bootstrap: str, isolation: str = "read_committed", config: dict | None = None):
         self._conf = {"bootstrap.servers": bootstrap, "group.id": f"eopipe-verify-{uuid.uuid4().hex}",
                       "enable.auto.commit": False, "isolation.level": isolation,
-                      "enable.partition.eof": True, "logger": _KAFKA_LOG, **(config or {})}
+                      "enable.partition.eof": True, "logger": _KAFKA_LOG,
+                      # not librdkafka's 1 s pause whenever the prefetch queue is full: 1M
+                      # records read in 1.4 s instead of 3.4-5.3 s
+                      "fetch.queue.backoff.ms": 10, **(config or {})}
         self.partitions: dict[str, int] = {}  # topic -> partition count, of the topics read
 
     def read(self, topic: str, *, until_end: bool = True, settle: float = 5.0,
