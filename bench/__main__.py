@@ -310,6 +310,10 @@ def plot(results: dict, rows: list[dict], path: Path, title: str) -> None:
             ax.plot([i], [top], "kx")
         if f.target_s is not None:
             ax.plot([i - 0.4, i + 0.4], [f.target_s] * 2, color="#555555", linestyle="--", linewidth=1)
+    if not rec:
+        ax.text(0.5, 0.5, "not in this run", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([])
+        ax.set_yticks([])
 
     ax = axes[1][0]
     bars(ax, ["snapshot transfer", "rebuild from source"],
