@@ -103,6 +103,29 @@ def test_output_keeps_the_source_partition_whatever_the_record_key(pipe):
     assert not misplaced, f"{len(misplaced)} records not in their home partition, e.g. {list(misplaced.items())[:3]}"
 
 
+def test_a_json_id_without_a_utf8_form_is_dead_lettered_not_a_crash_loop(pipe):
+    """`"\\ud800"` is valid JSON syntax but a lone surrogate, which has no UTF-8 form: the
+    worker once failed its partition on it, restarted, read it again, and so on forever."""
+    from confluent_kafka import Producer
+
+    w = pipe.worker([0, 1, 2], extra=["--key", "json:id"]).start().wait_ready()
+    prod = Producer({"bootstrap.servers": pipe.bootstrap})
+    for i in range(30):
+        prod.produce(pipe.source, json.dumps({"id": f"ok-{i}"}).encode(), partition=i % 3)
+    for p in range(3):
+        prod.produce(pipe.source, b'{"id": "\\ud800", "n": 1}', partition=p)
+    assert prod.flush(30) == 0
+    pipe.wait_drained()
+    assert w.terminate() == 0, w.tail()
+    assert not [d for d in w.logs() if d.get("msg") == "partition failed"]
+    rep = verify(pipe.bootstrap, pipe.source, pipe.output, key_spec=KeySpec.parse("json:id"),
+                 dlq_topic=pipe.dlq, settle=5)
+    assert_clean(rep, poison=3)
+    assert rep.out == 30
+    dead = list(TopicReader(pipe.bootstrap).read(pipe.dlq, timeout=60))
+    assert len(dead) == 3 and all(b"not valid Unicode" in dict(m.headers())["eopipe.dlq.reason"] for m in dead)
+
+
 def test_crash_between_kafka_commit_and_rocksdb_write(pipe):
     """The test hook exits right after commit_transaction, before the RocksDB write: the
     restart must replay [applied, committed) into the state or it would re-emit."""

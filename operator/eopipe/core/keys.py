@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Literal
 
+import orjson
+
 
 class MalformedRecord(ValueError):
     """The record has no usable dedup key; it belongs in the dead-letter topic."""
@@ -51,11 +53,30 @@ def extract(spec: KeySpec, key: bytes | None, value: bytes | None,
         raise MalformedRecord(f"record has no header {spec.name!r}")
     if value is None:
         raise MalformedRecord("record has no value")
+    field = _json_field(value, spec.name)
+    if field is None or field == "":
+        raise MalformedRecord(f"JSON value has no field {spec.name!r}")
+    try:
+        return str(field).encode()
+    except UnicodeEncodeError:  # a lone surrogate (\ud800): no UTF-8 key exists for it
+        raise MalformedRecord(f"JSON field {spec.name!r} is not valid Unicode text") from None
+
+
+def _json_field(value: bytes, name: str):
+    """The top-level field `name`, as the standard library's json reads it. orjson parses about
+    6 times faster; where it refuses (NaN, Infinity, a byte-order mark) or differs (an integer
+    beyond 64 bits becomes a float), json reads the record again, so keys stay what they were."""
+    try:
+        doc = orjson.loads(value)
+        if not isinstance(doc, dict):
+            return None
+        field = doc.get(name)
+        if not isinstance(field, float):
+            return field
+    except orjson.JSONDecodeError:
+        pass
     try:
         doc = json.loads(value)
     except (ValueError, UnicodeDecodeError) as e:
         raise MalformedRecord(f"value is not JSON: {e}") from None
-    field = doc.get(spec.name) if isinstance(doc, dict) else None
-    if field is None or field == "":
-        raise MalformedRecord(f"JSON value has no field {spec.name!r}")
-    return str(field).encode()
+    return doc.get(name) if isinstance(doc, dict) else None

@@ -1,0 +1,65 @@
+"""Dedup key extraction (eopipe/core/keys.py): the worker and `eopipe verify` must agree on a
+record's identity, and a record without a usable key is malformed (the DLQ), never a crash."""
+
+import json
+
+import pytest
+
+from eopipe.core.keys import KeySpec, MalformedRecord, extract
+
+ID = KeySpec("jsonField", "id")
+
+
+@pytest.mark.parametrize("value, key", [
+    (b'{"id": "a-1", "n": 2}', b"a-1"),
+    (b'{"id": 42}', b"42"),
+    (b'{"id": 0.1}', b"0.1"),
+    (b'{"id": 1E2}', b"100.0"),
+    (b'{"id": true}', b"True"),
+    (b'{"id": "\\u00e9"}', "é".encode()),
+    (b'{"id": 1, "id": 2}', b"2"),  # the last one, as json has it
+    # where orjson differs from json, the key stays json's
+    (b'{"id": 123456789012345678901234567890}', b"123456789012345678901234567890"),
+    (b'{"id": -9223372036854775809}', b"-9223372036854775809"),
+    (b'{"id": NaN}', b"nan"),
+    (b'{"id": 1.5e400}', b"inf"),
+    (b'\xef\xbb\xbf{"id": 7}', b"7"),
+    (b'{"id": "x", "other": NaN}', b"x"),
+])
+def test_json_field_keys_are_what_json_reads(value, key):
+    assert extract(ID, None, value, None) == key
+    assert key == str(json.loads(value)["id"]).encode()
+
+
+@pytest.mark.parametrize("value, reason", [
+    (None, "no value"),
+    (b"not json", "not JSON"),
+    (b'{"id": "\xff"}', "not JSON"),  # invalid UTF-8
+    (b"[1, 2]", "no field 'id'"),
+    (b'{"other": 1}', "no field 'id'"),
+    (b'{"id": ""}', "no field 'id'"),
+    (b'{"id": null}', "no field 'id'"),
+    (b'{"id": "\\ud800"}', "not valid Unicode"),  # a lone surrogate: no UTF-8 key exists
+])
+def test_records_without_a_usable_json_key_are_malformed(value, reason):
+    with pytest.raises(MalformedRecord, match=reason):
+        extract(ID, None, value, None)
+
+
+@pytest.mark.parametrize("spec, key, headers, expected", [
+    (KeySpec("recordKey"), b"k", None, b"k"),
+    (KeySpec("header", "event-id"), None, [("other", b"x"), ("event-id", b"e1")], b"e1"),
+])
+def test_record_key_and_header_keys(spec, key, headers, expected):
+    assert extract(spec, key, b"{}", headers) == expected
+
+
+@pytest.mark.parametrize("spec, key, headers, reason", [
+    (KeySpec("recordKey"), None, None, "no key"),
+    (KeySpec("recordKey"), b"", None, "no key"),
+    (KeySpec("header", "event-id"), b"k", [("event-id", b"")], "no header"),
+    (KeySpec("header", "event-id"), b"k", None, "no header"),
+])
+def test_missing_record_keys_and_headers_are_malformed(spec, key, headers, reason):
+    with pytest.raises(MalformedRecord, match=reason):
+        extract(spec, key, b"{}", headers)
