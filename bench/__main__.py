@@ -135,6 +135,8 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
         lambda r: r["rows"][0]["records_per_s"])
     row("dedup_vs_copy", "dedup_records_per_s", "dedup worker (exactly-once)", "records/s", copy_notes,
         lambda r: r["rows"][1]["records_per_s"])
+    row("dedup_vs_copy", "dedup_json_records_per_s", "dedup worker, key = JSON field id", "records/s", copy_notes,
+        lambda r: next((x for x in r["rows"] if x["id"] == "dedup_json"), None)["records_per_s"])
     row("dedup_vs_copy", "dedup_vs_copy_ratio", "dedup / copy throughput", "ratio", "records/s over records/s",
         lambda r: r["rows"][1]["records_per_s"] / r["rows"][0]["records_per_s"])
     if opts.peers:
@@ -265,12 +267,13 @@ def plot(results: dict, rows: list[dict], path: Path, title: str) -> None:
 
     ax = axes[0][0]
     peers = [r for r in rows if r["id"].endswith("_records_per_s") and r["metric"].startswith("peer: ")]
-    bars(ax, ["plain copy\n(at-least-once)", "dedup worker\n(exactly-once)"]
+    bars(ax, ["plain copy\n(at-least-once)", "dedup worker\n(exactly-once)", "dedup worker,\nJSON key"]
          + [r["metric"][6:] for r in peers],
-         [val.get("copy_records_per_s"), val.get("dedup_records_per_s")] + [r["value"] for r in peers], "records/s",
+         [val.get("copy_records_per_s"), val.get("dedup_records_per_s"), val.get("dedup_json_records_per_s")]
+         + [r["value"] for r in peers], "records/s",
          "throughput" + (f" (dedup/copy {val['dedup_vs_copy_ratio']:.2f})"
                          if val.get("dedup_vs_copy_ratio") is not None else ""),
-         ["#999999", "#1f77b4"] + ["#ff7f0e"] * len(peers))
+         ["#999999", "#1f77b4", "#1f77b4"] + ["#ff7f0e"] * len(peers))
     if peers:
         plt.setp(ax.get_xticklabels(), fontsize=7, rotation=35, ha="right", rotation_mode="anchor")
 

@@ -39,6 +39,8 @@ class Contestant:
 
 PY_COPY = Contestant("copy", "plain copy (at-least-once)", "at-least-once", False, False)
 EOPIPE = Contestant("dedup", "dedup worker (exactly-once)", "exactly-once", True, False)
+# Keyed as Kafka Streams and Spark are here: by the JSON field `id` (the record key is the same id).
+EOPIPE_JSON = Contestant("dedup_json", "dedup worker, key = JSON field id", "exactly-once", True, False)
 JAVA_COPY = Contestant("java_copy", "Java plain copy (at-least-once)", "at-least-once", False, True,
                        "Java plain copy")
 JAVA_TX_COPY = Contestant("java_tx_copy", "Java transactional copy, no dedup", "exactly-once", False, True,
@@ -47,7 +49,7 @@ KSTREAMS = Contestant("kstreams_dedup", "Kafka Streams dedup (exactly_once_v2)",
                       "Kafka Streams dedup")
 SPARK = Contestant("spark_dedup", "Spark dropDuplicatesWithinWatermark", "at-least-once sink", True, True,
                    "Spark dedup")
-ALL = (PY_COPY, EOPIPE, JAVA_COPY, JAVA_TX_COPY, KSTREAMS, SPARK)
+ALL = (PY_COPY, EOPIPE, EOPIPE_JSON, JAVA_COPY, JAVA_TX_COPY, KSTREAMS, SPARK)
 
 
 def python() -> str:
@@ -82,8 +84,9 @@ def command(c: Contestant, bootstrap: str, source: str, output: str, work: Path,
         group = f"bench-copy-{output}"
         return [python(), "-m", "bench.copier", "--bootstrap", bootstrap, "--source", source,
                 "--output", output, "--group", group], group
-    if c is EOPIPE:
-        return [python(), "-m", "eopipe.tools.cli", "dedup", "--bootstrap", bootstrap,
+    if c in (EOPIPE, EOPIPE_JSON):
+        key = ["--key", "json:id"] if c is EOPIPE_JSON else []
+        return [python(), "-m", "eopipe.tools.cli", "dedup", *key, "--bootstrap", bootstrap,
                 "--source-topic", source, "--output-topic", output, "--dlq-topic", output + ".dlq",
                 "--pipeline", output, "--namespace", "bench",
                 "--partitions", ",".join(str(p) for p in range(partitions)),

@@ -21,6 +21,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 EXPECTED = {
     "copy_records_per_s": "records/s",
     "dedup_records_per_s": "records/s",
+    "dedup_json_records_per_s": "records/s",
     "dedup_vs_copy_ratio": "ratio",
     "scale_4p_1pods_records_per_s": "records/s",
     "scale_4p_2pods_records_per_s": "records/s",
@@ -93,7 +94,7 @@ def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
     assert "<svg" in out_png.with_suffix(".svg").read_text()[:2000]
 
 
-PEERS = {"copy", "dedup", "java_copy", "java_tx_copy", "kstreams_dedup", "spark_dedup"}
+PEERS = {"copy", "dedup", "dedup_json", "java_copy", "java_tx_copy", "kstreams_dedup", "spark_dedup"}
 
 
 @pytest.mark.timeout(600)
