@@ -126,6 +126,40 @@ def test_a_json_id_without_a_utf8_form_is_dead_lettered_not_a_crash_loop(pipe):
     assert len(dead) == 3 and all(b"not valid Unicode" in dict(m.headers())["eopipe.dlq.reason"] for m in dead)
 
 
+def test_a_record_too_large_to_send_is_dead_lettered_by_reference_not_retried_forever(pipe):
+    """The source takes 1.5 MB records, the worker's producer at most librdkafka's 1,000,000
+    bytes: such a record went back to the committed offset and failed again, forever, and held
+    its partition. Now a reference to it goes to the DLQ, and verify finds its key there."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+
+    from eopipe.core.partitioner import murmur2_partition
+
+    admin = AdminClient({"bootstrap.servers": pipe.bootstrap})
+    res = ConfigResource(ConfigResource.Type.TOPIC, pipe.source, incremental_configs=[
+        ConfigEntry("max.message.bytes", "3000000", incremental_operation=AlterConfigOpType.SET)])
+    for f in admin.incremental_alter_configs([res]).values():
+        f.result(30)
+    w = pipe.worker([0, 1, 2]).start().wait_ready()
+    prod = Producer({"bootstrap.servers": pipe.bootstrap, "message.max.bytes": 3_000_000})
+    big = json.dumps({"id": "big", "pad": "x" * 1_500_000}).encode()
+    home = murmur2_partition(b"big", 3)  # its own partition: on the output's path, not a reroute
+    for i in range(60):
+        if i in (20, 40):  # the big record and its resend
+            prod.produce(pipe.source, big, b"big", partition=home)
+        prod.produce(pipe.source, json.dumps({"id": f"r{i}"}).encode(), f"r{i}".encode(), partition=0)
+    assert prod.flush(30) == 0
+    pipe.wait_drained(timeout=60)
+    assert w.terminate() == 0, w.tail()
+    rep = pipe.verify()
+    assert (rep.lost, rep.duplicated, rep.too_large, rep.dead_lettered, rep.out) == (0, 0, 1, 1, 60), rep.line()
+    assert rep.ok, rep.line()
+    [ref] = TopicReader(pipe.bootstrap).read(pipe.dlq, timeout=60)
+    h = dict(ref.headers())
+    assert ref.value() is None and ref.key() == b"big"
+    assert b"too large" in h["eopipe.dlq.reason"] and h["eopipe.origin.partition"] == str(home).encode()
+
+
 def test_crash_between_kafka_commit_and_rocksdb_write(pipe):
     """The test hook exits right after commit_transaction, before the RocksDB write: the
     restart must replay [applied, committed) into the state or it would re-emit."""

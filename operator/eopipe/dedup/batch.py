@@ -87,17 +87,17 @@ class Transaction:
             try:
                 k = extract(spec, key, value, headers)
             except MalformedRecord as e:
-                hdrs = list(headers or ())
-                hdrs += [(H_REASON, str(e).encode()), (H_TOPIC, src.encode()),
-                         (H_PARTITION, str(p).encode()), (H_OFFSET, str(m.offset()).encode())]
-                self._produce(produce, cfg.dlq_topic, value, key, -1, _ts(m), hdrs)
+                hdrs = list(headers or ()) + _origin(src, m, str(e))
+                self._produce(produce, cfg.dlq_topic, value, key, -1, _ts(m), hdrs, m)
                 dead += 1
                 continue
             if nparts > 1 and (h := home(k, nparts)) != p:
                 hdrs = list(headers or ())
                 hdrs.append((H_REROUTED, f"{p}:{m.offset()}".encode()))
-                self._produce(produce, src, value, key, h, _ts(m), hdrs)
-                rerouted += 1
+                if self._produce(produce, src, value, key, h, _ts(m), hdrs, m):
+                    rerouted += 1
+                else:
+                    dead += 1
                 continue
             candidates.append((m, k))
         if last is None:
@@ -129,8 +129,11 @@ class Transaction:
                 else:
                     produce(out, m.value(), m.key(), out_p, timestamp=ts)
             except (BufferError, KafkaException):
-                self._produce(produce, out, m.value(), m.key(), out_p, ts, hdrs)
+                sent = self._produce(produce, out, m.value(), m.key(), out_p, ts, hdrs, m)
                 out_p = self.out_p
+                if not sent:
+                    dead += 1
+                    continue
             emitted += 1
         self.producer.poll(0)
         c = self.counts
@@ -142,18 +145,26 @@ class Transaction:
         self.records += n
         self.next_offset = last.offset() + 1
 
-    def _produce(self, produce, topic, value, key, partition, ts, headers) -> None:
+    def _produce(self, produce, topic, value, key, partition, ts, headers, m) -> bool:
+        """Sends one record; False: it was too large to send, and a reference to the consumed
+        record `m` went to the dead-letter topic instead."""
         while True:
             try:
                 if headers:
                     produce(topic, value, key, partition, timestamp=ts, headers=headers)
                 else:
                     produce(topic, value, key, partition, timestamp=ts)
-                return
+                return True
             except BufferError:
                 self.producer.poll(0.05)
             except KafkaException as e:
                 err = e.args[0]
+                if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and value is not None:
+                    # Sent again it fails again: the partition would abort and retry forever.
+                    # The record stays in the source; the dead letter says where.
+                    self._produce(produce, self.cfg.dlq_topic, None, key, -1, ts,
+                                  _origin(self.cfg.source_topic, m, f"record too large for {topic}: {err.str()}"), m)
+                    return False
                 if err.code() == KafkaError._UNKNOWN_PARTITION and partition >= 0 and topic != self.cfg.source_topic:
                     # An output with fewer partitions than the source (not grown with it): the
                     # producer's partitioner places its records from now on; no partition order
@@ -165,6 +176,11 @@ class Transaction:
                 if err.fatal():
                     raise
                 raise Abortable(f"produce: {err}") from None
+
+
+def _origin(topic: str, m, reason: str) -> list[tuple[str, bytes]]:
+    return [(H_REASON, reason.encode()), (H_TOPIC, topic.encode()),
+            (H_PARTITION, str(m.partition()).encode()), (H_OFFSET, str(m.offset()).encode())]
 
 
 def _ts(m) -> int:

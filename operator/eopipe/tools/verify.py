@@ -12,6 +12,9 @@ key has arrived or no new record came for `settle` seconds, and compares:
                 keeps each source partition's order); checked only where that is promised:
                 output and source with as many partitions, and not order=False (a Spark sink)
   malformed_in  source records without a usable key; dead_lettered counts the DLQ
+  too_large     source keys not in the output because their record was too large to send:
+                the DLQ holds a reference (no value, origin headers) to where it stays in the
+                source, and the source record there holds that key
   aborted_reads output records written by aborted transactions (visible read_uncommitted only)
 
 The timeout bounds the whole run. When it cannot finish (Kafka unreachable, a topic missing,
@@ -29,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from eopipe.core.headers import H_REROUTED
+from eopipe.core.headers import H_OFFSET, H_PARTITION, H_REROUTED, H_TOPIC
 from eopipe.core.keys import KeySpec, MalformedRecord, extract
 
 # librdkafka's own log lines (a refused connection, ...) go here rather than straight to stderr:
@@ -72,12 +75,13 @@ class Report:
     out_of_order: int | None = None
     malformed_in: int = 0
     dead_lettered: int | None = None
+    too_large: int = 0  # keys whose record went to the DLQ as a reference: too large to send
     aborted_reads: int | None = None
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        dlq_ok = self.dead_lettered is None or self.dead_lettered >= self.malformed_in
+        dlq_ok = self.dead_lettered is None or self.dead_lettered >= self.malformed_in + self.too_large
         return (self.lost == 0 and self.duplicated == 0 and self.unexpected == 0 and not self.out_of_order
                 and dlq_ok)
 
@@ -89,6 +93,8 @@ class Report:
             s += f" out_of_order={self.out_of_order}"
         if self.dead_lettered is not None:
             s += f" dead_lettered={self.dead_lettered}"
+        if self.too_large:
+            s += f" too_large={self.too_large}"
         if self.aborted_reads is not None:
             s += f" aborted_reads={self.aborted_reads}"
         return s + (" OK" if self.ok else " FAILED")
@@ -294,6 +300,36 @@ class OrderCheck:
             self._last[partition] = at
 
 
+def _header(m, name: str) -> bytes | None:
+    return next((v for k, v in m.headers() or () if k == name), None)
+
+
+def _key_or_none(spec: KeySpec, m) -> bytes | None:
+    try:
+        return extract(spec, m.key(), m.value(), m.headers())
+    except MalformedRecord:
+        return None
+
+
+def _records_at(bootstrap: str, topic: str, positions: list[tuple[int, int]], deadline: float) -> list:
+    """The records of `topic` at these (partition, offset) positions, read_committed."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"eopipe-verify-{uuid.uuid4().hex}",
+                  "enable.auto.commit": False, "isolation.level": "read_committed", "logger": _KAFKA_LOG})
+    got = []
+    try:
+        for p, o in sorted(set(positions)):
+            c.assign([TopicPartition(topic, p, o)])
+            while time.monotonic() < deadline:
+                msgs = [m for m in c.consume(1, 1.0) if m.error() is None]
+                if msgs:
+                    if msgs[0].offset() == o:
+                        got.append(msgs[0])
+                    break
+    finally:
+        c.close()
+    return got
+
+
 def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: KeySpec,
            output_key_spec: KeySpec | None = None, dlq_topic: str | None = None,
            settle: float = 10.0, timeout: float = 300.0, count_aborted: bool = True,
@@ -338,14 +374,25 @@ def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: Ke
         rep.out_of_order = order.violations
     rep.out = sum(counts.values())
     lost = missing
+    if dlq_topic:
+        dead = list(reader.read(dlq_topic, deadline=deadline))
+        rep.dead_lettered = len(dead)
+        # A record too large to send is dead-lettered as a reference to where it stays in the
+        # source: its key is accounted for if that source record really holds it.
+        refs = [m for m in dead if m.value() is None and _header(m, H_TOPIC) == source_topic.encode()
+                and _header(m, H_PARTITION) is not None and _header(m, H_OFFSET) is not None]
+        if refs and lost:
+            held = {_key_or_none(key_spec, r) for r in _records_at(
+                bootstrap, source_topic, [(int(_header(m, H_PARTITION)), int(_header(m, H_OFFSET))) for m in refs],
+                deadline)}
+            rep.too_large = len(lost & held)
+            lost = lost - held
     dups = [k for k, n in counts.items() if n > 1]
     unexpected = [k for k in counts if k not in source]
     rep.lost, rep.duplicated, rep.unexpected = len(lost), len(dups), len(unexpected)
     rep.examples = {name: [k.decode(errors="replace") for k in list(keys)[:max_examples]]
                     for name, keys in (("lost", lost), ("duplicated", dups), ("unexpected", unexpected),
                                        ("out_of_order", order.examples)) if keys}
-    if dlq_topic:
-        rep.dead_lettered = sum(1 for _ in reader.read(dlq_topic, deadline=deadline))
     if count_aborted:
         seen = sum(1 for _ in TopicReader(bootstrap, "read_uncommitted").read(output_topic, deadline=deadline))
         rep.aborted_reads = max(0, seen - rep.out)
