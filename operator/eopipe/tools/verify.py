@@ -375,16 +375,16 @@ def verify(bootstrap: str, source_topic: str, output_topic: str, *, key_spec: Ke
     rep.out = sum(counts.values())
     lost = missing
     if dlq_topic:
-        dead = list(reader.read(dlq_topic, deadline=deadline))
-        rep.dead_lettered = len(dead)
         # A record too large to send is dead-lettered as a reference to where it stays in the
         # source: its key is accounted for if that source record really holds it.
-        refs = [m for m in dead if m.value() is None and _header(m, H_TOPIC) == source_topic.encode()
-                and _header(m, H_PARTITION) is not None and _header(m, H_OFFSET) is not None]
+        rep.dead_lettered, refs = 0, []
+        for m in reader.read(dlq_topic, deadline=deadline):
+            rep.dead_lettered += 1
+            at = _header(m, H_PARTITION), _header(m, H_OFFSET)
+            if m.value() is None and _header(m, H_TOPIC) == source_topic.encode() and None not in at:
+                refs.append((int(at[0]), int(at[1])))
         if refs and lost:
-            held = {_key_or_none(key_spec, r) for r in _records_at(
-                bootstrap, source_topic, [(int(_header(m, H_PARTITION)), int(_header(m, H_OFFSET))) for m in refs],
-                deadline)}
+            held = {_key_or_none(key_spec, r) for r in _records_at(bootstrap, source_topic, refs, deadline)}
             rep.too_large = len(lost & held)
             lost = lost - held
     dups = [k for k, n in counts.items() if n > 1]
