@@ -31,8 +31,8 @@ def consumer_config(cfg: WorkerConfig, p: int) -> dict:
         "queued.max.messages.kbytes": 16384,
         "fetch.wait.max.ms": 100,
         # A full prefetch queue pauses fetching for this long (librdkafka's default 1 s). A
-        # rebuild drains 16 MB in well under that, so it idled half the time: 7.3 s for 1M
-        # keys with the default, 3.2-3.6 s with 10 ms (docs/operations.md#sizing).
+        # rebuild drains 16 MB in well under that, so it idled half the time (bench.migration,
+        # 1M keys: 8.3 s with the default, 2.9-3.6 s with 10 ms).
         "fetch.queue.backoff.ms": 10,
     }
 
