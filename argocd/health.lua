@@ -9,7 +9,7 @@
 --   Degraded     Stalled=True (InvalidSpec, NotSupported, Conflict), or Ready or a stage
 --                condition False with a failure reason: SparkFailed, SparkOperatorMissing,
 --                KafkaUnavailable, ApplyFailed, HangingTransaction, AdoptedTopicMismatch,
---                LagGrowing, ImageNotAllowed
+--                LagGrowing, PolicyDenied
 --   Suspended    spec.paused and the operator has acted on it
 --   Progressing  a rebalance running, Reconciling=True, or Ready=False for another reason
 --   Healthy      Ready=True for the current generation, nothing moving
@@ -25,7 +25,7 @@ local FAILURE_REASONS = {
   Conflict = true,             -- another, older pipeline writes one of this one's topics
   HangingTransaction = true,   -- an open transaction holds the output's read_committed readers
   LagGrowing = true,           -- the dedup lag stayed above spec.dedup.lagThreshold for its window
-  ImageNotAllowed = true,      -- an image in the spec is outside the operator's allowed registries
+  PolicyDenied = true,         -- the spec asks for what the tenant policy refuses (docs/security.md)
 }
 
 local function condition(status, type_)

@@ -29,5 +29,4 @@ OPERATOR_GRANTS = [
     ("create", "services"), ("create", "sparkapplications.sparkoperator.k8s.io"),
     ("get", "secrets"), ("create", "events"), ("list", "pods"),
     ("create", "roles.rbac.authorization.k8s.io"), ("create", "serviceaccounts"),
-    ("create", "pods"),  # pods: to grant them to Spark drivers
 ]

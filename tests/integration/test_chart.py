@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from localenv.fixtures_operator import kubectl
-from tests.helpers.helm import CHART, OPERATOR_GRANTS, ROOT, run_helm
+from tests.helpers.helm import CHART, ROOT, run_helm
 from tests.helpers.podsecurity import dry_run_create, pod_from_template, restrict_namespace, restricted_problems
 
 CRD_FILE = "exactlyoncepipelines.eopipe.dev.yaml"
@@ -88,11 +88,17 @@ def test_helm_lint(tools, helm_env, values):
 
 
 def test_default_render(tools, helm_env):
+    from eopipe.control.settings import Settings
+
     docs = render(tools, helm_env)
     assert sorted(d["kind"] for d in docs) == sorted(
-        ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment", "Service",
-         "PodDisruptionBudget", "NetworkPolicy"])
+        ["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment",
+         "Service", "PodDisruptionBudget", "NetworkPolicy", "ValidatingAdmissionPolicy",
+         "ValidatingAdmissionPolicyBinding"])
     dep = by_kind(docs, "Deployment")[0]
+    # The operator enforces the same tenant policy the admission policy renders (docs/security.md).
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert Settings.from_env({"EOPIPE_TENANT_POLICY": env["EOPIPE_TENANT_POLICY"]}).tenant_policy == Settings().tenant_policy
     # Two replicas, one leader (a Lease); a rollout starts a follower before stopping one.
     assert dep["spec"]["replicas"] == 2
     assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
@@ -132,8 +138,13 @@ def test_default_render(tools, helm_env):
     svc = by_kind(docs, "Service")[0]
     assert svc["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
     assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
-    rules = by_kind(docs, "ClusterRole")[0]["rules"]
-    assert any(r["resources"] == ["namespaces"] for r in rules)
+    (operator_role,) = [d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == "eopipe-eopipe-system"]
+    assert any(r["resources"] == ["namespaces"] for r in operator_role["rules"])
+    # The Spark drivers' ClusterRole, which the operator binds per pipeline, by this name.
+    assert env["EOPIPE_SPARK_DRIVER_CLUSTERROLE"] == "eopipe-eopipe-system-spark-driver"
+    assert driver_cluster_role(docs)["metadata"]["name"] == "eopipe-eopipe-system-spark-driver"
+    settings = Settings.from_env({**{k: v for k, v in env.items() if v is not None}, "POD_NAMESPACE": "eopipe-system"})
+    assert settings.spark_driver_cluster_role == "eopipe-eopipe-system-spark-driver"
 
 
 def test_single_replica_without_leader_election(tools, helm_env):
@@ -198,8 +209,11 @@ def test_namespaced_render(tools, helm_env):
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for b in bindings:
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "eopipe", "namespace": "eopipe-system"}]
-    # The only cluster-wide grants left: reading CRDs and namespaces (Kopf observes both).
-    (cluster_role,) = by_kind(docs, "ClusterRole")
+    # The only cluster-wide grants left: reading CRDs and namespaces (Kopf observes both); the
+    # Spark drivers' ClusterRole is bound by the operator in a pipeline's namespace, to drivers.
+    (cluster_role,) = [d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"].endswith("-kopf")]
+    assert sorted(d["metadata"]["name"] for d in by_kind(docs, "ClusterRole")) == [
+        "eopipe-eopipe-system-kopf", "eopipe-eopipe-system-spark-driver"]
     assert cluster_role["rules"] == [
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
          "verbs": ["list", "watch"]},
@@ -256,70 +270,117 @@ def test_name_overrides(tools, helm_env, values, fullname, name):
     assert by_kind(docs, "ClusterRoleBinding")[0]["subjects"][0]["name"] == fullname
 
 
-def test_rbac_is_least_privilege(tools, helm_env):
+# ---------------------------------------------------------------------------------------
+# RBAC: what the rendered chart grants the operator, and the Spark drivers' ClusterRole
+# ---------------------------------------------------------------------------------------
+
+LEADER_SUFFIX = "-leader-election"
+WRITES = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+def operator_env(docs: list[dict]) -> dict[str, str | None]:
+    (dep,) = by_kind(docs, "Deployment")
+    return {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def driver_cluster_role(docs: list[dict]) -> dict:
+    """The ClusterRole the operator binds for Spark drivers: the one its env names."""
+    name = operator_env(docs)["EOPIPE_SPARK_DRIVER_CLUSTERROLE"]
+    (role,) = [d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"] == name]
+    return role
+
+
+def operator_rules(docs: list[dict]) -> dict[str, list[dict]]:
+    """The rules the chart's bindings give the operator's ServiceAccount, by where they apply:
+    "*" (ClusterRoleBindings) or a namespace (RoleBindings); the leader-election Role apart."""
+    (dep,) = by_kind(docs, "Deployment")
+    sa = {"kind": "ServiceAccount", "name": dep["spec"]["template"]["spec"]["serviceAccountName"],
+          "namespace": dep["metadata"]["namespace"]}
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d
+             for d in docs if d["kind"] in ("Role", "ClusterRole")}
+    out: dict[str, list[dict]] = {}
+    for b in by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding"):
+        if sa not in b["subjects"] or b["roleRef"]["name"].endswith(LEADER_SUFFIX):
+            continue
+        ns = b["metadata"].get("namespace") if b["kind"] == "RoleBinding" else None
+        ref = b["roleRef"]
+        role = roles[(ref["kind"], ns if ref["kind"] == "Role" else None, ref["name"])]
+        out.setdefault(ns or "*", []).extend(role["rules"])
+    return out
+
+
+@pytest.mark.parametrize("values", sorted(VALUE_SETS))
+def test_rbac_is_least_privilege(tools, helm_env, values):
+    """What the operator holds is what it uses: no pod writes (the Spark drivers' rights are a
+    ClusterRole it may only bind, by name), Secrets read and the token Secret created, deletes
+    only of the SparkApplication it stops on pause; no wildcard, escalate or impersonate."""
     from eopipe.control.builders.spark import DRIVER_RULES
 
-    for values in VALUE_SETS.values():
-        for doc in render(tools, helm_env, *values):
-            rules = doc.get("rules", []) if doc["kind"] in ("Role", "ClusterRole") else []
-            for rule in rules:
-                assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
-                assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule
-                # Deleting is only what the operator must hold to grant it to Spark drivers, and
-                # the SparkApplication it deletes while the pipeline is paused (control/sparkstage.py).
-                if {"delete", "deletecollection"} & set(rule["verbs"]):
-                    assert rule in DRIVER_RULES or (rule["resources"] == ["sparkapplications"]
-                                                    and "deletecollection" not in rule["verbs"]), rule
-            if doc["kind"] == "Role" and doc["metadata"]["name"].endswith("-leader-election"):
-                assert {v for r in rules for v in r["verbs"]} == {"get", "update", "create"}, rules
-                assert all(r["resources"] == ["leases"] for r in rules), rules
-                continue
-            if doc["kind"] == "Role" or any("exactlyoncepipelines" in r["resources"] for r in rules):
-                assert all(r in rules for r in DRIVER_RULES), doc["metadata"]["name"]
-            for rule in rules:  # Secrets: read by name, the token one created; never listed
-                if "secrets" in rule["resources"]:
-                    assert rule["verbs"] == ["get", "create"], rule
+    docs = render(tools, helm_env, *VALUE_SETS[values])
+    driver = driver_cluster_role(docs)
+    assert driver["rules"] == DRIVER_RULES
+    # Bound by the operator per pipeline (builders/spark.py driver_rbac), by no chart binding.
+    bindings = by_kind(docs, "RoleBinding") + by_kind(docs, "ClusterRoleBinding")
+    assert all(b["roleRef"]["name"] != driver["metadata"]["name"] for b in bindings)
+    for doc in by_kind(docs, "Role") + by_kind(docs, "ClusterRole"):
+        for rule in doc["rules"]:
+            assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"], rule
+            assert not {"escalate", "impersonate"} & set(rule["verbs"]), rule
+
+    bound = operator_rules(docs)
+    assert set(bound) == ({"team-a", "team-b", "*"} if values == "namespaced" else {"*"})
+    for rule in (r for rules in bound.values() for r in rules):
+        verbs = set(rule["verbs"])
+        assert not ({"pods", "pods/exec", "pods/eviction"} & set(rule["resources"]) and verbs & WRITES), rule
+        if "bind" in verbs:  # one ClusterRole, by name
+            assert (rule["resources"], rule["verbs"], rule.get("resourceNames")) == \
+                (["clusterroles"], ["bind"], [driver["metadata"]["name"]]), rule
+        if "secrets" in rule["resources"]:  # read by name, the token Secret created; never listed
+            assert rule["resources"] == ["secrets"] and rule["verbs"] == ["get", "create"], rule
+        if verbs & {"delete", "deletecollection"}:  # spec.paused stops the SparkApplication
+            assert (rule["resources"], verbs & {"delete", "deletecollection"}) == \
+                (["sparkapplications"], {"delete"}), rule
+    # And the Spark drivers may do what they must: the ClusterRole is theirs.
+    assert {"create", "delete"} <= set(driver["rules"][0]["verbs"]) and "pods" in driver["rules"][0]["resources"]
 
 
-def _grants(rules: list[dict], resource_name: str | None = None) -> set[tuple[str, str, str]]:
-    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
-            if not rule.get("resourceNames") or resource_name in rule["resourceNames"]}
+def _grants(rules: list[dict], named: bool = False) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of the rules without resourceNames, or with them (named)."""
+    return {(g, r, v) for rule in rules if bool(rule.get("resourceNames")) == named
+            for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
 
 
 @pytest.mark.parametrize("values", sorted(VALUE_SETS))
 def test_rbac_grants_exactly_the_operators_api_access(tools, helm_env, values):
     """control/permissions.py (checked against the code by tests/unit/test_permissions.py) and
-    the chart's ClusterRole and Roles: every access granted where it is needed, and nothing
-    granted beyond it but what RBAC requires to grant the Roles the operator makes (DRIVER_RULES)."""
+    the rules the chart binds to the operator: every access granted where it is needed, the named
+    ones (bind) on the driver's ClusterRole only, and nothing beyond."""
     from eopipe.control import permissions as p
-    from eopipe.control.builders.spark import DRIVER_RULES
 
     docs = render(tools, helm_env, *VALUE_SETS[values])
-    watched = [n for a in VALUE_SETS[values] if a.startswith("watchNamespaces=")
-               for n in a.split("=", 1)[1].strip("{}").split(",")]
-    cluster = set().union(*(_grants(d["rules"]) for d in by_kind(docs, "ClusterRole")))
-    role = {ns: _grants([r for d in by_kind(docs, "Role") if d["metadata"]["namespace"] == ns
-                         and not d["metadata"]["name"].endswith("-leader-election") for r in d["rules"]])
-            for ns in watched}
-    leader = [d for d in by_kind(docs, "Role") if d["metadata"]["name"].endswith("-leader-election")]
-    (lease_role,) = leader
+    bound = operator_rules(docs)
+    (lease_role,) = [d for d in by_kind(docs, "Role") if d["metadata"]["name"].endswith(LEADER_SUFFIX)]
     assert lease_role["metadata"]["namespace"] == "eopipe-system"
-    own = _grants(lease_role["rules"], "eopipe-leader")
-    assert not _grants(lease_role["rules"], "another-lease") - {("coordination.k8s.io", "leases", "create")}
+    assert {n for r in lease_role["rules"] for n in r.get("resourceNames", [])} == {"eopipe-leader"}
+    own = _grants(lease_role["rules"]) | _grants(lease_role["rules"], named=True)
 
     need = {p.WATCHED: set(), p.OWN: set(), p.CLUSTER: set()}
+    named = set()
     for a in (*p.API_ACCESS, *p.IMPLIED):
-        need[a.scope] |= {(a.group, a.resource, v) for v in a.verbs}
-    assert need[p.OWN] <= own, sorted(need[p.OWN] - own)
-    assert need[p.CLUSTER] <= cluster, sorted(need[p.CLUSTER] - cluster)
-    for ns, grants in (role.items() if watched else [("all namespaces", cluster)]):
-        assert need[p.WATCHED] <= grants, (ns, sorted(need[p.WATCHED] - grants))
-
-    escalation = _grants(DRIVER_RULES)
-    allowed = need[p.WATCHED] | need[p.CLUSTER] | escalation
-    for grants in [cluster, *role.values()]:
-        assert grants <= allowed, sorted(grants - allowed)
+        (named if a.named else need[a.scope]).update((a.group, a.resource, v) for v in a.verbs)
+    assert all(a.scope == p.WATCHED for a in (*p.API_ACCESS, *p.IMPLIED) if a.named)
     assert own == need[p.OWN]
+    watched = {ns: rules for ns, rules in bound.items() if ns != "*"} or {"*": bound["*"]}
+    cluster = _grants(bound["*"]) - (need[p.WATCHED] if "*" in watched else set())
+    assert cluster == need[p.CLUSTER], sorted(cluster ^ need[p.CLUSTER])
+    driver = driver_cluster_role(docs)["metadata"]["name"]
+    for ns, rules in watched.items():
+        grants = _grants(rules) - (need[p.CLUSTER] if ns == "*" else set())
+        assert grants == need[p.WATCHED], (ns, sorted(grants ^ need[p.WATCHED]))
+        assert _grants(rules, named=True) == named, ns
+        assert {n for r in rules for n in r.get("resourceNames", [])} == {driver}, ns
+    if "*" not in watched:  # namespaced: the ClusterRole is Kopf's reads only
+        assert not _grants(bound["*"], named=True)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -536,10 +597,26 @@ def test_operator_pod_is_admitted_in_a_restricted_namespace(tools, helm_env, kub
     assert refused and "violates PodSecurity" in refused, refused
 
 
+def allowed(kube_api, user: str, verb: str, group: str, resource: str, namespace: str | None = None,
+            name: str | None = None) -> bool:
+    """The API server's answer (a SubjectAccessReview) to: may `user` do this?"""
+    from kubernetes import client
+
+    attrs = client.V1ResourceAttributes(verb=verb, group=group, resource=resource.split("/")[0],
+                                        subresource=resource.partition("/")[2] or None,
+                                        namespace=namespace, name=name)
+    review = client.AuthorizationV1Api(kube_api).create_subject_access_review(client.V1SubjectAccessReview(
+        spec=client.V1SubjectAccessReviewSpec(user=user, resource_attributes=attrs)))
+    return bool(review.status.allowed)
+
+
 @pytest.mark.k8s
-def test_cluster_wide_rbac_grants_what_the_operator_needs(tools, helm_env, crds, k8s_namespace):
+def test_cluster_wide_rbac_grants_what_the_operator_needs(tools, helm_env, crds, kube_api, k8s_namespace):
     """The kubectl path of docs/install.md (helm template | kubectl apply), cluster-wide mode:
-    the ServiceAccount may do its job in any namespace, and nothing more."""
+    the ServiceAccount may do its job (control/permissions.py) in any namespace, and nothing
+    more: no pod writes, and of the ClusterRoles only the Spark drivers' to bind."""
+    from eopipe.control import permissions as p
+
     ns, cp = k8s_namespace, crds
     release = f"rbac-{uuid.uuid4().hex[:6]}"
     full = run_helm(tools, helm_env, "template", release, str(CHART), "--namespace", ns).stdout
@@ -552,15 +629,27 @@ def test_cluster_wide_rbac_grants_what_the_operator_needs(tools, helm_env, crds,
     kubectl(cp, "apply", "--server-side", "-n", ns, "-f", "-", input=out)
     try:
         sa = f"system:serviceaccount:{ns}:{release}-eopipe"
+        driver = f"{release}-eopipe-{ns}-spark-driver"
         other = "default"
-        for verb, what in OPERATOR_GRANTS:
-            assert _can_i(cp, sa, verb, what, "-n", other), (verb, what)
-        assert _can_i(cp, sa, "watch", "customresourcedefinitions.apiextensions.k8s.io")
-        assert _can_i(cp, sa, "watch", "namespaces")
-        for verb, what in [("delete", "statefulsets.apps"), ("list", "secrets"), ("update", "pods"),
-                           ("delete", "exactlyoncepipelines.eopipe.dev"), ("create", "clusterroles"),
-                           ("create", "leases.coordination.k8s.io")]:
-            assert not _can_i(cp, sa, verb, what, "-n", other), (verb, what)
+        for a in (*p.API_ACCESS, *p.IMPLIED):
+            where = {p.WATCHED: other, p.OWN: ns, p.CLUSTER: None}[a.scope]
+            name = driver if a.named else (f"{release}-eopipe-leader" if a.scope == p.OWN else None)
+            for verb in a.verbs:
+                assert allowed(kube_api, sa, verb, a.group, a.resource, where, name), (verb, a.resource, where)
+        rbac = "rbac.authorization.k8s.io"
+        for verb, group, resource, name in [
+                *[(v, "", "pods", None) for v in ("create", "patch", "update", "delete", "deletecollection")],
+                ("create", "", "pods/exec", None), ("delete", "", "services", None), ("delete", "", "configmaps", None),
+                ("delete", "", "persistentvolumeclaims", None), ("list", "", "secrets", None),
+                ("delete", "apps", "statefulsets", None), ("delete", "eopipe.dev", "exactlyoncepipelines", None),
+                ("create", rbac, "clusterroles", None), ("escalate", rbac, "roles", None),
+                ("bind", rbac, "clusterroles", "admin"), ("bind", rbac, "clusterroles", "cluster-admin"),
+                ("bind", rbac, "roles", None), ("create", "coordination.k8s.io", "leases", None)]:
+            assert not allowed(kube_api, sa, verb, group, resource, other, name), (verb, resource, name)
+        # What the drivers' ClusterRole grants, once bound (test_object_ownership.py binds it for real).
+        assert {"create", "delete"} <= {v for r in yaml.safe_load_all(out) if r and r["kind"] == "ClusterRole"
+                                        and r["metadata"]["name"] == driver for rule in r["rules"]
+                                        for v in rule["verbs"]}
         # Leader election: its own Lease, in the release's namespace.
         lease = f"leases.coordination.k8s.io/{release}-eopipe-leader"
         assert _can_i(cp, sa, "get", lease, "-n", ns) and _can_i(cp, sa, "update", lease, "-n", ns)

@@ -109,6 +109,20 @@ def test_dedup_pods_watch_their_assignment_with_a_least_privilege_service_accoun
     assert "--assignment-configmap" not in dedup.worker_args(n, watch_configmap=False)
 
 
+def test_the_spark_driver_is_bound_to_the_charts_cluster_role_in_its_namespace_only():
+    n = example_names()
+    sa, binding = spark.driver_rbac(n, "eopipe-ops-spark-driver")
+    assert (sa["kind"], binding["kind"]) == ("ServiceAccount", "RoleBinding")
+    assert binding["metadata"]["namespace"] == sa["metadata"]["namespace"] == "team-a"
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "eopipe-ops-spark-driver"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "payments-spark", "namespace": "team-a"}]
+    # Not `payments-spark`: older releases' RoleBinding of that name has an immutable roleRef (a Role).
+    assert binding["metadata"]["name"] == "payments-spark-driver"
+    assert spark.spark_application(n, "img")["spec"]["driver"]["serviceAccount"] == "payments-spark"
+    assert spark.driver_rbac(n)[1]["roleRef"]["name"] == spark.DRIVER_CLUSTER_ROLE
+
+
 # -- the Spark stage's storage and pass-through settings
 def _with_processing(names: Names, **processing) -> Names:
     """`names` with spec.processing (and sink) replaced, validated as a manifest would be."""

@@ -112,14 +112,14 @@ def test_render_prints_what_the_operator_applies():
                         "--image", "reg/eopipe:1", "--spark-image", "reg/spark:1"))
     assert [d["kind"] for d in docs] == [
         "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "PodDisruptionBudget", "StatefulSet",
-        "ServiceAccount", "Role", "RoleBinding", "SparkApplication", "KafkaTopics"]
+        "ServiceAccount", "RoleBinding", "SparkApplication", "KafkaTopics"]
     assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
     # The operator's own builders, with the assignment its first pass publishes.
     names = Names("team-a", "payments", PipelineSpec.model_validate(example("payments.yaml")["spec"]))
     first = Assignment(1, assign(8, ["payments-dedup-0", "payments-dedup-1"]), partition_count=8)
     assert docs[:-1] == objects(names, Settings(image="reg/eopipe:1", spark_image="reg/spark:1"), first, 2)
     assert json.loads(docs[0]["data"]["assignment.json"])["generation"] == 1
-    sts, app = docs[6], docs[10]
+    sts, app = docs[6], docs[9]
     assert sts["spec"]["replicas"] == 2 and sts["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/eopipe:1"
     assert app["spec"]["image"] == "reg/spark:1"
     topics = docs[-1]["topics"]

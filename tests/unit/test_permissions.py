@@ -1,7 +1,9 @@
 """The operator's API access table (control/permissions.py) is exactly what the code does:
 every kubernetes client call in control/ and core/ (resource and verb read from the client's
 own request path and method), every kind the builders make (applied server-side: get, create,
-patch), and Kopf's declared needs. The chart is checked against the same table in
+patch), and Kopf's declared needs; and IMPLIED is exactly what the API server checks besides:
+what the Roles the builders make grant, `bind` for RoleBindings to a ClusterRole, and the
+finalizers of blockOwnerDeletion. The chart is checked against the same tables in
 tests/integration/test_chart.py."""
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ import kubernetes.client.api as kapi
 import pytest
 
 from eopipe.control import permissions
-from eopipe.control.permissions import API_ACCESS, APPLY, CREATED_NOT_APPLIED, KOPF, OWN
+from eopipe.control.builders.pipeline import objects
+from eopipe.control.kube import owner_reference
+from eopipe.control.permissions import API_ACCESS, APPLY, CREATED_NOT_APPLIED, IMPLIED, KOPF, OWN, WATCHED
+from eopipe.control.settings import Settings
+from eopipe.core.assignment import Assignment, assign
+from tests.helpers.pipelines import example_names
 
 PKG = Path(__file__).resolve().parents[2] / "operator" / "eopipe"
 SCANNED = sorted([*(PKG / "control").rglob("*.py"), *(PKG / "core").rglob("*.py")])
@@ -163,3 +170,45 @@ def test_nothing_is_declared_that_the_code_does_not_do():
 def test_leases_are_the_operators_own_namespace_only():
     assert permissions.granted(OWN) == {("coordination.k8s.io", "leases"): {"get", "create", "update"}}
     assert all(a.resource != "leases" for a in API_ACCESS if a.scope != OWN)
+
+
+def made_objects() -> list[dict]:
+    """Every object the operator applies for a pipeline with both stages."""
+    names = example_names("payments.yaml")
+    pods = [f"{names.dedup}-0", f"{names.dedup}-1"]
+    return objects(names, Settings(), Assignment(1, assign(names.spec.source.partitions, pods)), 2)
+
+
+def implied() -> set[tuple[str, str, str]]:
+    """What the API server checks beyond the calls: the rules of the Roles the operator makes
+    (RBAC lets it grant only what it holds), bind on the ClusterRoles its RoleBindings name, and
+    the owner's finalizers for blockOwnerDeletion."""
+    out = set()
+    for obj in made_objects():
+        if obj["kind"] in ("Role", "ClusterRole"):
+            out |= {(g, r, v) for rule in obj["rules"] for g in rule["apiGroups"]
+                    for r in rule["resources"] for v in rule["verbs"]}
+        if obj["kind"] == "RoleBinding" and obj["roleRef"]["kind"] == "ClusterRole":
+            out.add(("rbac.authorization.k8s.io", "clusterroles", "bind"))
+    ref = owner_reference({"apiVersion": "eopipe.dev/v1alpha1", "kind": "ExactlyOncePipeline",
+                           "metadata": {"name": "p", "uid": "u"}})
+    if ref["blockOwnerDeletion"]:
+        out.add(("eopipe.dev", "exactlyoncepipelines/finalizers", "update"))
+    return out - declared()
+
+
+def test_implied_is_what_the_api_server_checks_beyond_the_calls():
+    assert {(a.group, a.resource, v) for a in IMPLIED for v in a.verbs} == implied()
+    assert all(a.scope == WATCHED for a in IMPLIED)
+
+
+def test_the_operator_grants_no_write_it_would_have_to_hold():
+    """The Roles it makes grant reads only; the Spark driver's rights are a ClusterRole it binds."""
+    granted_by_roles = {v for o in made_objects() if o["kind"] == "Role" for rule in o["rules"] for v in rule["verbs"]}
+    assert granted_by_roles <= {"get", "list", "watch"}, granted_by_roles
+    assert "ClusterRole" not in {o["kind"] for o in made_objects()}
+
+
+def test_only_bind_is_named():
+    """resourceNames is what limits `bind` to the chart's ClusterRole; nothing else needs one."""
+    assert [(a.resource, a.verbs) for a in (*API_ACCESS, *IMPLIED) if a.named] == [("clusterroles", ("bind",))]

@@ -22,6 +22,7 @@ ENV = {
     "EOPIPE_LEASE_DURATION_SECONDS": ("lease_duration_seconds", 6.0),
     "EOPIPE_RENEW_DEADLINE_SECONDS": ("renew_deadline_seconds", 4.0),
     "EOPIPE_RETRY_PERIOD_SECONDS": ("retry_period_seconds", 0.5),
+    "EOPIPE_SPARK_DRIVER_CLUSTERROLE": ("spark_driver_cluster_role", "ops-eopipe-spark-driver"),
 }
 
 
@@ -35,9 +36,19 @@ def test_each_variable_sets_its_field(var):
 
 
 def test_every_field_but_the_namespaces_has_a_variable():
-    # The access-control fields take several variables each: tests/unit/test_access.py.
-    fields = {f.name for f in dataclasses.fields(Settings)} - {"namespaces", "allowed_registries", "network_policy"}
+    # The access-control fields take several variables each: tests/unit/test_access.py; the tenant
+    # policy is one JSON variable, below.
+    fields = {f.name for f in dataclasses.fields(Settings)} - {"namespaces", "allowed_registries", "network_policy",
+                                                                "tenant_policy"}
     assert fields == {field for field, _ in ENV.values()}
+
+
+def test_the_tenant_policy_is_one_json_variable():
+    got = Settings.from_env({"EOPIPE_TENANT_POLICY": '{"spark": {"serviceAccounts": ["spark-s3"]}, "maxStorage": "1Ti"}'})
+    assert got.tenant_policy.spark.service_accounts == ("spark-s3",) and got.tenant_policy.max_storage == "1Ti"
+    assert Settings.from_env({}).tenant_policy == Settings().tenant_policy
+    with pytest.raises(ValueError, match="EOPIPE_TENANT_POLICY: tenantPolicy.spark.serviceAccounts"):
+        Settings.from_env({"EOPIPE_TENANT_POLICY": '{"spark": {"serviceAccounts": 1}}'})
 
 
 def test_the_lease_namespace_variable_wins_over_the_pods():

@@ -55,6 +55,7 @@ def test_defaults():
     ({"dedup.window": "200h"}, "dedup.window must not exceed source.retention"),
     ({"dedup.key": {"from": "jsonField"}}, "dedup.key.name is required"),
     ({"dedup.replicas": "two"}, "valid integer"),
+    ({"dedup.replicas": 1000}, "dedup.replicas must not exceed source.partitions"),
     ({"sink": {}}, "exactly one of kafka or files"),
     ({"processing": {"checkpoint": {"pvc": {}}}}, "processing needs a sink"),
     ({"source.config": {"retention.ms": "1"}}, "set source.retention instead"),

@@ -38,7 +38,8 @@ TOKEN = "s3cret-Token_0123456789"
     ("/snapshots/3", None, None, True, None),
 ])
 def test_refusal(path, header, token, insecure, code):
-    res = auth.refusal(path, header, token, insecure)
+    # The decision is taken on the routed request, never on the raw target.
+    res = auth.refusal(auth.route("GET", path, "HTTP/1.1"), header, token, insecure)
     assert (res[0] if res else None) == code
     if code == 401:
         assert res[1]["WWW-Authenticate"].startswith("Bearer")

@@ -41,6 +41,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s-leader" (include "eopipe.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The Spark drivers' ClusterRole (rbac.yaml), which the operator binds per pipeline. */}}
+{{- define "eopipe.sparkDriverClusterRole" -}}
+{{- printf "%s-%s-spark-driver" (include "eopipe.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
 {{- define "eopipe.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
@@ -81,20 +86,37 @@ creates, which the API server authorizes as both patch and create.
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
   verbs: [get, create, patch, delete]
-# The dedup pods' and the Spark driver's ServiceAccount, Role and RoleBinding
-# (builders/dedup.py rbac, builders/spark.py driver_rbac).
+# The dedup pods' ServiceAccount, Role and RoleBinding (builders/dedup.py rbac), the Spark
+# driver's ServiceAccount and RoleBinding (builders/spark.py driver_rbac).
 - apiGroups: [""]
   resources: [serviceaccounts]
   verbs: [get, create, patch]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, create, patch]
-# What that Role grants, which RBAC only lets the operator grant if it holds it too.
+# The dedup pods' Role grants get/list/watch of their assignment ConfigMap, which RBAC only
+# lets the operator grant if it holds it too: reads, nothing more.
 - apiGroups: [""]
-  resources: [pods, services, configmaps, persistentvolumeclaims]
-  verbs: [get, list, watch, create, delete, deletecollection, patch]
+  resources: [configmaps]
+  verbs: [list, watch]
+# The Spark driver's rights are the chart's ClusterRole: the operator may bind that one
+# (RoleBinding in the pipeline's namespace) and holds none of its rights.
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [clusterroles]
+  resourceNames: [{{ include "eopipe.sparkDriverClusterRole" . }}]
+  verbs: [bind]
+# The Spark checkpoint claim (builders/checkpoint.py), applied server-side.
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get, create, patch]
+# The dedup pods (observe.py reads their /status), and the Spark driver pods (sparkstage.py).
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list]
 # Kafka credentials named by spec.kafka.sasl / spec.kafka.tls Secret references (read); the
-# pipeline's state-endpoint token Secret (control/tokens.py: created once, then read).
+# pipeline's state-endpoint token Secret (control/tokens.py: created once, then read). RBAC
+# cannot name the object of a create: `create` is for that Secret, which nothing else can make
+# (an apply would rotate its random token).
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
@@ -120,4 +142,14 @@ falls back to assuming the named namespaces exist, logging 403s all along).
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
+{{- end -}}
+
+{{/* A JSON list of anchored regular expressions of globs whose only wildcard is `*`
+(control/policy.py glob_regex), for the admission policy's CEL. */}}
+{{- define "eopipe.globRegexes" -}}
+{{- $out := list -}}
+{{- range . -}}
+{{- $out = append $out (printf "^%s$" (regexQuoteMeta . | replace "\\*" ".*")) -}}
+{{- end -}}
+{{- toJson $out -}}
 {{- end -}}

@@ -16,6 +16,7 @@ from eopipe.control.settings import Settings
 from eopipe.control.status import merge_conditions, merge_patch, summarize
 from eopipe.control.topics import delete_topics
 from eopipe.core import spec as spec_mod
+from eopipe.core.kafkaconf import NotAllowed
 from eopipe.core.kubeclient import load_config
 from eopipe.core.names import Names
 
@@ -219,6 +220,8 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
             kopf.info(body, reason="TopicsDeleted",
                       message=(", ".join(gone) or "none: the operator created no topic that still exists")
                       + "; topics it did not create are kept")
+        except NotAllowed as e:  # retrying cannot help: the Secret or address is not the pipeline's
+            kopf.warn(body, reason="TopicsRetained", message=f"{e}; left behind: {', '.join(wanted)}")
         except (KafkaException, KeyError, client.ApiException) as e:
             if retry + 1 < config.delete_attempts:
                 raise kopf.TemporaryError(f"deleting topics: {e}", delay=5)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicPartition
@@ -15,24 +14,43 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from kubernetes import client
 
 from eopipe.control.builders import dedup as dedup_builders
+from eopipe.control import policy
 from eopipe.control.kube import Applier
+from eopipe.control.policy import TenantPolicy
 from eopipe.control.rebalance import Facts, PodFacts
 from eopipe.core import kafkaconf
 from eopipe.core.assignment import Assignment
 from eopipe.core.durations import duration_ms
 from eopipe.core.names import Names
-from eopipe.core.wire import PodStatus
+from eopipe.core.wire import read_status
 
 POD_STATUS_TIMEOUT = 2.0
 
 
 class Observer:
-    def __init__(self, core: client.CoreV1Api, applier: Applier, kafka_timeout: float):
+    def __init__(self, core: client.CoreV1Api, applier: Applier, kafka_timeout: float,
+                 tenant_policy: TenantPolicy = TenantPolicy()):
         self.core, self.applier, self.kafka_timeout = core, applier, kafka_timeout
+        self.tenant_policy = tenant_policy
 
     def kafka_conf(self, names: Names) -> dict[str, str]:
-        """librdkafka settings of the pipeline's Kafka, credentials read from its Secrets."""
-        return kafkaconf.client_config(names.spec.kafka, kafkaconf.secret_reader(self.core, names.namespace))
+        """librdkafka settings of the pipeline's Kafka, credentials read from the Secrets opened to
+        it. Checked here too, not only before a reconcile: deleting a pipeline connects as well."""
+        if refused := policy.bootstrap_refusals(names.spec.kafka.bootstrap_servers, self.tenant_policy):
+            raise kafkaconf.NotAllowed(refused[0])
+        return kafkaconf.client_config(names.spec.kafka,
+                                       kafkaconf.secret_reader(self.core, names.namespace, names.pipeline))
+
+    def secret_annotations(self, names: Names, refs: list[tuple[str, str]]) -> dict[str, dict]:
+        """The annotations of each Secret named in `refs` that exists (for policy.secret_refusals)."""
+        out = {}
+        for name in {n for _, n in refs}:
+            try:
+                out[name] = self.core.read_namespaced_secret(name, names.namespace).metadata.annotations or {}
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+        return out
 
     def kafka_admin(self, names: Names) -> AdminClient:
         return AdminClient({**self.kafka_conf(names),
@@ -89,11 +107,9 @@ class Observer:
         def fetch(pf):
             if not pf.ip:
                 return
-            try:
-                with urllib.request.urlopen(f"{pf.url}/status", timeout=POD_STATUS_TIMEOUT) as r:
-                    pf.status = PodStatus.from_json(json.loads(r.read()))
-            except (OSError, ValueError):  # unreachable, not JSON, or not a /status (ValidationError)
-                pf.status = None
+            # None: unreachable, too big or too slow (wire.STATUS_MAX_BYTES, STATUS_READ_SECONDS),
+            # or not a /status; the rebalance treats the pod as not answering.
+            pf.status = read_status(f"{pf.url}/status", timeout=POD_STATUS_TIMEOUT)
         if pods:
             with ThreadPoolExecutor(min(8, len(pods))) as ex:
                 list(ex.map(fetch, pods.values()))

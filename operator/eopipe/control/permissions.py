@@ -6,6 +6,10 @@ core/, the kinds the builders make, which are applied server-side, and Kopf's ow
 Scopes: WATCHED, in every namespace whose pipelines the operator reconciles (a Role there, or
 the ClusterRole when it watches all); OWN, the operator's own namespace (its Lease); CLUSTER,
 cluster-scoped reads.
+
+The operator holds no right only so that it may grant it: the Spark driver's rights are the
+chart's ClusterRole, which the operator may bind by name (IMPLIED), and the one Role it makes,
+the dedup pods', grants reads of one ConfigMap.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class Access:
     verbs: tuple[str, ...]
     scope: str
     why: str
+    named: bool = False  # granted on the objects the chart names only (resourceNames)
 
 
 KOPF = (
@@ -41,7 +46,10 @@ API_ACCESS = (
     Access("eopipe.dev", "exactlyoncepipelines", ("get", "list"), WATCHED,
            "re-read inside the lock; list all to find two pipelines writing one topic"),
     Access("eopipe.dev", "exactlyoncepipelines/status", ("patch",), WATCHED, "status"),
-    Access("", "pods", ("list",), WATCHED, "the dedup pods, to read their /status"),
+    Access("", "pods", ("list",), WATCHED,
+           "the dedup pods, to read their /status; the Spark driver's (control/sparkstage.py)"),
+    # create: the token Secret is made by the operator, with a random token; RBAC cannot name
+    # the object of a create.
     Access("", "secrets", ("get", "create"), WATCHED,
            "Kafka credentials (read); the state-endpoint token Secret (created once, then read)"),
     Access("", "configmaps", APPLY, WATCHED, "the assignment ConfigMap"),
@@ -51,8 +59,9 @@ API_ACCESS = (
     Access("apps", "statefulsets", APPLY, WATCHED, "the dedup pods"),
     Access("policy", "poddisruptionbudgets", APPLY, WATCHED, "the dedup pods' budget"),
     Access("networking.k8s.io", "networkpolicies", APPLY, WATCHED, "who may reach the dedup pods"),
-    Access("rbac.authorization.k8s.io", "roles", APPLY, WATCHED, "the dedup pods' and the driver's"),
-    Access("rbac.authorization.k8s.io", "rolebindings", APPLY, WATCHED, "the dedup pods' and the driver's"),
+    Access("rbac.authorization.k8s.io", "roles", APPLY, WATCHED, "the dedup pods'"),
+    Access("rbac.authorization.k8s.io", "rolebindings", APPLY, WATCHED,
+           "the dedup pods' and the driver's (to the chart's ClusterRole)"),
     Access("sparkoperator.k8s.io", "sparkapplications", APPLY, WATCHED, "the processing stage"),
     Access("sparkoperator.k8s.io", "sparkapplications", ("delete",), WATCHED,
            "spec.paused stops the Spark application (control/sparkstage.py)"),
@@ -61,10 +70,17 @@ API_ACCESS = (
 )
 
 # What no call makes but the API server checks: setting an owner reference with
-# blockOwnerDeletion (clusters with OwnerReferencesPermissionEnforcement).
+# blockOwnerDeletion (clusters with OwnerReferencesPermissionEnforcement), and RBAC's escalation
+# check on the Roles and RoleBindings the operator makes (one may grant only what one holds, or
+# bind a role one may `bind`).
 IMPLIED = (
     Access("eopipe.dev", "exactlyoncepipelines/finalizers", ("update",), WATCHED,
            "owner references with blockOwnerDeletion on every child"),
+    Access("", "configmaps", ("list", "watch"), WATCHED,
+           "the dedup pods' Role grants them (a watch of their assignment ConfigMap); reads only"),
+    Access("rbac.authorization.k8s.io", "clusterroles", ("bind",), WATCHED,
+           "the driver's RoleBinding to the chart's Spark driver ClusterRole, that one only",
+           named=True),
 )
 
 # Built by a builder but created once instead of applied (an apply would rotate its token).

@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient
 from kubernetes import client
 from pydantic import ValidationError
 
-from eopipe.control import access, autoscale, sparkstage, sparkstatus, tokens
+from eopipe.control import autoscale, policy, sparkstage, sparkstatus, tokens
 from eopipe.control import rebalance as rebalance_sm
 from eopipe.control.builders import checkpoint
 from eopipe.control.builders.pipeline import dedup_objects, processing_objects
@@ -25,6 +25,7 @@ from eopipe.control.builders.topics import desired_topics
 from eopipe.control.conflicts import Claim, claim, conflicts
 from eopipe.control.kube import Applier, ApplyError
 from eopipe.control.observe import Observer
+from eopipe.control.ownership import CONFLICT, ObjectConflict, decide
 from eopipe.control.settings import Settings
 from eopipe.control.sparkstage import SPARK_API, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION
 from eopipe.control.status import (
@@ -39,6 +40,7 @@ from eopipe.control.status import (
 )
 from eopipe.control.topics import ensure_topics
 from eopipe.core.durations import duration_ms, format_duration
+from eopipe.core.kafkaconf import NotAllowed
 from eopipe.core.names import Names
 from eopipe.core.spec import RESOURCE, PipelineSpec
 
@@ -56,6 +58,13 @@ class Outcome:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (Normal|Warning, reason, message)
 
 
+def _object_conflict(e: ObjectConflict, out: Outcome, stage: str) -> None:
+    """Stalled (the pass goes no further, and the handler posts a Warning event with it) until
+    the object is gone; reason Conflict, as for two pipelines writing one topic."""
+    out.stalled = Condition("Stalled", True, "Conflict", str(e))
+    out.stages.append(Condition(stage, False, "Conflict", str(e)))
+
+
 def _first_error(exc: BaseException) -> str:
     if isinstance(exc, ValidationError):
         e = exc.errors()[0]
@@ -69,7 +78,7 @@ class Reconciler:
         self.api = api
         self.core = client.CoreV1Api(api)
         self.applier = Applier(api)
-        self.observer = Observer(self.core, self.applier, kafka_timeout)
+        self.observer = Observer(self.core, self.applier, kafka_timeout, settings.tenant_policy)
         self.settings = settings
         self.kafka_timeout = kafka_timeout
         self._locks: dict[tuple[str, str], threading.Lock] = {}
@@ -91,12 +100,12 @@ class Reconciler:
         names = Names(meta["namespace"], meta["name"], spec)
         out.fields["topics"] = {t.role: t.name for t in desired_topics(names)}
 
-        refused = access.refused_images(spec, self.settings.allowed_registries)
+        refused = self._refusals(names)
         if refused:
-            # Nothing is applied: the images running now (if any) stay until the spec is fixed.
+            # Nothing is applied: what runs now (if anything) stays until the spec is fixed.
             why = "; ".join(refused)
-            out.stalled = Condition("Stalled", True, "ImageNotAllowed", why)
-            out.stages += [Condition(t, False, "ImageNotAllowed", why) for t in ("DedupReady", "ProcessingReady")]
+            out.stalled = Condition("Stalled", True, "PolicyDenied", why)
+            out.stages += [Condition(t, False, "PolicyDenied", why) for t in ("DedupReady", "ProcessingReady")]
             return out
         found = conflicts(Claim(names.namespace, names.pipeline, meta.get("creationTimestamp") or "",
                                 names.written_topics), self._claims())
@@ -115,9 +124,17 @@ class Reconciler:
         self._lag_threshold(names, body, out)
         try:
             self._processing(names, body, out)
+        except ObjectConflict as e:
+            _object_conflict(e, out, "ProcessingReady")
         except ApplyError as e:
             out.stages.append(Condition("ProcessingReady", False, "ApplyFailed", str(e)))
         return out
+
+    def _refusals(self, names: Names) -> list[str]:
+        """What the admin's tenant policy refuses in the spec, the Secrets it names included."""
+        refs = policy.secret_refs(names.spec)
+        return (policy.refusals(names.spec, self.settings.tenant_policy, self.settings.allowed_registries)
+                + policy.secret_refusals(refs, self.observer.secret_annotations(names, refs), names.pipeline))
 
     # -- the dedup stage and its rebalances ------------------------------------------------------
     def _dedup_and_topics(self, names: Names, body: dict, out: Outcome) -> None:
@@ -133,7 +150,7 @@ class Reconciler:
             stages_before = len(out.stages)
             try:
                 facts = self.observer.facts(names, rb)
-            except (KafkaException, KeyError, client.ApiException) as e:
+            except (KafkaException, KeyError, NotAllowed, client.ApiException) as e:
                 out.stages.append(Condition("TopicsReady", False, "KafkaUnavailable", _first_error(e)))
                 out.stages.append(Condition("DedupReady", False, "KafkaUnavailable",
                                             "cannot observe the source topic; nothing changed"))
@@ -160,6 +177,9 @@ class Reconciler:
                 break
             try:
                 self._apply_dedup(names, body, plan, out, topics_ok, facts)
+            except ObjectConflict as e:
+                _object_conflict(e, out, "DedupReady")
+                break
             except ApplyError as e:
                 out.stages.append(Condition("DedupReady", False, "ApplyFailed", str(e)))
                 break
@@ -310,7 +330,7 @@ class Reconciler:
                                    window_ms=duration_ms(names.spec.dedup.window),
                                    bootstrap=names.spec.kafka.bootstrap_servers,
                                    timeout=self.kafka_timeout, record_owned=record)
-        except (KafkaException, KeyError, client.ApiException) as e:
+        except (KafkaException, KeyError, NotAllowed, client.ApiException) as e:
             out.stages.append(Condition("TopicsReady", False, "KafkaUnavailable", _first_error(e)))
             out.retry = True
             return False
@@ -352,12 +372,17 @@ class Reconciler:
             return
         # The checkpoint's claim stays while paused: the SparkApplication deleted then is not its owner.
         if (pvc := checkpoint.claim(names)) is not None:  # owned (deleted with the pipeline) only with Delete
-            self.applier.apply(pvc, owner if checkpoint.owned(names) else None)
-        *manifests, application = processing_objects(names, self.settings.spark_image)
-        for manifest in manifests:
+            # retainable: kept after its pipeline under Retain, and the checkpoint of a pipeline
+            # re-created under that name (ownership.decide tells it by the operator's labels).
+            self.applier.apply(pvc, owner, owned=checkpoint.owned(names), retainable=True)
+        *rbac, application = processing_objects(names, self.settings.spark_image,
+                                                self.settings.spark_driver_cluster_role)
+        for manifest in rbac:
             self.applier.apply(manifest, owner)
         name, ns = application["metadata"]["name"], names.namespace
         app = self.applier.get(SPARK_API, "SparkApplication", name, ns)
+        if app is not None and decide(app["metadata"], owner["metadata"]["uid"]) == CONFLICT:
+            raise ObjectConflict("SparkApplication", ns, name)  # before the plan may delete it
         drivers = self.core.list_namespaced_pod(ns, label_selector=sparkstage.driver_selector(name)).items
         claim = checkpoint.claim_name(names)
         where = names.spec.processing.checkpoint.location(names.pipeline) + (f" on claim {claim}" if claim else "")

@@ -7,8 +7,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from eopipe.control import access
+import json
+
+from eopipe.control import access, policy
 from eopipe.control.builders.access import PolicyPeers
+from eopipe.control.builders.spark import DRIVER_CLUSTER_ROLE
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,11 @@ class Settings:
     # (empty: any), and the dedup pods' NetworkPolicy (None: not made).
     allowed_registries: tuple[str, ...] = ()
     network_policy: PolicyPeers | None = None
+    # What a pipeline's author may ask for (control/policy.py; EOPIPE_TENANT_POLICY, JSON).
+    tenant_policy: policy.TenantPolicy = policy.TenantPolicy()
+    # The chart's ClusterRole of the Spark drivers, which the operator binds (RoleBinding) in a
+    # pipeline's namespace instead of granting the rights itself (builders/spark.py driver_rbac).
+    spark_driver_cluster_role: str = DRIVER_CLUSTER_ROLE
 
     def check(self) -> None:
         """One clear error for a configuration that cannot work."""
@@ -86,7 +94,18 @@ class Settings:
                    lease_duration_seconds=num("EOPIPE_LEASE_DURATION_SECONDS", d.lease_duration_seconds),
                    renew_deadline_seconds=num("EOPIPE_RENEW_DEADLINE_SECONDS", d.renew_deadline_seconds),
                    retry_period_seconds=num("EOPIPE_RETRY_PERIOD_SECONDS", d.retry_period_seconds),
+                   spark_driver_cluster_role=environ.get("EOPIPE_SPARK_DRIVER_CLUSTERROLE",
+                                                         d.spark_driver_cluster_role),
+                   tenant_policy=_tenant_policy(environ),
                    **access.settings_from_env(environ))
+
+
+def _tenant_policy(environ: Mapping[str, str]) -> policy.TenantPolicy:
+    text = environ.get("EOPIPE_TENANT_POLICY", "").strip()
+    try:
+        return policy.parse(json.loads(text) if text else None)
+    except ValueError as e:
+        raise ValueError(f"EOPIPE_TENANT_POLICY: {e}") from None
 
 
 def _flag(environ: Mapping[str, str], var: str, default: bool) -> bool:

@@ -17,7 +17,7 @@ STAGES = ("TopicsReady", "DedupReady", "ProcessingReady")
 # argocd/health.lua keeps the same list.
 FAILURE_REASONS = frozenset({"KafkaUnavailable", "SparkFailed", "SparkOperatorMissing", "ApplyFailed",
                              "AdoptedTopicMismatch", "HangingTransaction", "LagGrowing",
-                             "ImageNotAllowed"})  # an image in the spec is outside the allowed registries
+                             "PolicyDenied"})  # the spec asks for what the tenant policy refuses
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Not server-side applied like the other children: an apply would write a new random token on
 every pass. A create that finds the Secret already there (409) reads it instead and checks it
 holds a usable token; it is never rewritten, so a token changes only when someone deletes the
-Secret (docs/operations.md#rotating-the-state-token). RBAC: secrets create and get.
+Secret (docs/operations.md#rotating-the-state-token). A Secret of that name that is not the
+pipeline's (control/ownership.py) is neither read for its token nor touched: ObjectConflict.
+RBAC: secrets create (which RBAC cannot limit to one name) and get.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 
 from kubernetes import client
 
+from eopipe.control import ownership
 from eopipe.control.builders import access
 from eopipe.control.kube import ApplyError, owner_reference
 from eopipe.core.names import Names
@@ -42,7 +45,11 @@ def ensure_token_secret(core: client.CoreV1Api, names: Names, owner: dict) -> bo
                 raise TokenSecretError(names.token_secret, f"Secret {names.token_secret}: {_message(e)}",
                                        e.status) from None
             raise
-    existing = core.read_namespaced_secret(names.token_secret, names.namespace).to_dict()
+    # As the API writes it (ownerReferences, not the client model's owner_references).
+    existing = core.api_client.sanitize_for_serialization(
+        core.read_namespaced_secret(names.token_secret, names.namespace))
+    if ownership.decide(existing["metadata"], owner["metadata"]["uid"]) == ownership.CONFLICT:
+        raise ownership.ObjectConflict("Secret", names.namespace, names.token_secret)
     problem = access.token_problem(existing)
     if problem:
         raise TokenSecretError(names.token_secret, problem)

@@ -13,6 +13,27 @@ from typing import Callable
 from eopipe.core.spec import KafkaSpec, SecretKeyRef
 
 ENV_PREFIX = "EOPIPE_KAFKA_"
+# A Secret reaches a pipeline only if whoever may edit the Secret opened it to that pipeline
+# (docs/security.md#secrets): a comma-separated list of pipeline names of its namespace, or *.
+OPT_IN = "eopipe.dev/pipelines"
+
+
+class NotAllowed(Exception):
+    """The tenant policy keeps the operator from connecting to Kafka for this pipeline."""
+
+
+class SecretNotOpen(NotAllowed):
+    """A Secret a pipeline names is missing, or not opened to it: the two read the same, so a
+    status never tells a tenant which Secrets exist."""
+
+    def __init__(self, name: str, pipeline: str):
+        super().__init__(f"Secret {name} is not open to pipeline {pipeline}: it must exist and carry the "
+                         f"annotation {OPT_IN} naming {pipeline} (or *)")
+
+
+def opened_to(annotations: dict | None, pipeline: str) -> bool:
+    names = {n.strip() for n in ((annotations or {}).get(OPT_IN) or "").split(",")}
+    return pipeline in names or "*" in names
 
 
 def settings(kafka: KafkaSpec) -> list[tuple[str, str | SecretKeyRef]]:
@@ -51,9 +72,19 @@ def pod_env(kafka: KafkaSpec) -> list[dict]:
     return env
 
 
-def secret_reader(core_v1, namespace: str) -> Callable[[SecretKeyRef], str]:
+def secret_reader(core_v1, namespace: str, pipeline: str) -> Callable[[SecretKeyRef], str]:
+    """Reads a credential for `pipeline`; SecretNotOpen unless the Secret opted in to it."""
+    from kubernetes.client import ApiException
+
     def read(ref: SecretKeyRef) -> str:
-        secret = core_v1.read_namespaced_secret(ref.name, namespace)
+        try:
+            secret = core_v1.read_namespaced_secret(ref.name, namespace)
+        except ApiException as e:
+            if e.status == 404:
+                raise SecretNotOpen(ref.name, pipeline) from None
+            raise
+        if not opened_to(secret.metadata.annotations, pipeline):
+            raise SecretNotOpen(ref.name, pipeline)
         if ref.key not in (secret.data or {}):
             raise KeyError(f"secret {namespace}/{ref.name} has no key {ref.key!r}")
         return base64.b64decode(secret.data[ref.key]).decode()

@@ -157,6 +157,8 @@ class PodTemplate(Model):
 
 # spec.dedup.autoscale (docs/design.md#autoscaling): the operator's own lag-based autoscaler.
 AUTOSCALE_RANGE_MESSAGE = "dedup.autoscale.minReplicas must not exceed dedup.autoscale.maxReplicas"
+REPLICAS_PARTITIONS_MESSAGE = ("dedup.replicas must not exceed source.partitions: a dedup pod owns whole "
+                               "partitions, so pods beyond the partition count would idle")
 AUTOSCALE_PARTITIONS_MESSAGE = ("dedup.autoscale.maxReplicas must not exceed source.partitions: a dedup pod "
                                 "owns whole partitions, so pods beyond the partition count would idle")
 
@@ -262,6 +264,8 @@ class PipelineSpec(Model):
     def _cross_field(self):
         if parse_duration(self.dedup.window) > parse_duration(self.source.retention):
             raise ValueError(WINDOW_MESSAGE)
+        if self.dedup.replicas > self.source.partitions:
+            raise ValueError(REPLICAS_PARTITIONS_MESSAGE)
         if self.dedup.autoscale is not None and self.dedup.autoscale.max_replicas > self.source.partitions:
             raise ValueError(AUTOSCALE_PARTITIONS_MESSAGE)
         if self.processing is not None and self.sink is None:
@@ -305,6 +309,8 @@ CEL_RULES = {
                  "!(has(self.sink) && has(self.sink.kafka) && self.topics.deadLetter == self.sink.kafka.topic) && "
                  "!(has(self.topics.deduped) && self.topics.deadLetter == self.topics.deduped))))",
          "message": TOPICS_MESSAGE},
+        {"rule": "!has(self.dedup) || !has(self.dedup.replicas) || self.dedup.replicas <= self.source.partitions",
+         "message": REPLICAS_PARTITIONS_MESSAGE},
         {"rule": "!has(self.dedup) || !has(self.dedup.autoscale) || "
                  "self.dedup.autoscale.maxReplicas <= self.source.partitions",
          "message": AUTOSCALE_PARTITIONS_MESSAGE},

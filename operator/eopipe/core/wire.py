@@ -11,10 +11,21 @@ Between dedup pods (docs/design.md#snapshot-handoff, docs/design.md#re-shard-on-
     GET /reshard/<id>/<p>/<q>            the keys of old partition p whose new home is q
 with the facts of the transfer in the H_* headers. Both need `Authorization: Bearer <token>`, the
 pipeline's token (eopipe.dedup.auth); /status is open.
+
+Both readers are strict, because the other side may be broken or hostile: `parse_transfer`
+takes only the paths `.path` writes (plain ASCII numbers, the exact segments, no unknown or
+repeated query key; ValueError for the rest), and `read_status` reads at most STATUS_MAX_BYTES
+within STATUS_READ_SECONDS, a pod answering anything else being unreadable (None), never an
+exception in the operator.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
+import re
+import time
+import urllib.request
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Annotated, Any
@@ -159,16 +170,98 @@ class ReshardRequest:
         return f"/reshard/{self.reshard}/{self.source}/{self.target}"
 
 
+# Canonical ASCII decimal, below 10**18: str.isdigit would take "²" or "١", int() takes " 1", "+1", "1_0".
+_NUMBER = re.compile(r"0|[1-9][0-9]{0,17}")
+
+
+def _number(text: str) -> int:
+    if not _NUMBER.fullmatch(text):
+        raise ValueError("not a plain number")
+    return int(text)
+
+
+def _query(query: str) -> dict[str, str]:
+    """key=value pairs; ValueError on a repeated key or a pair without '='."""
+    out: dict[str, str] = {}
+    for pair in query.split("&") if query else ():
+        k, eq, v = pair.partition("=")
+        if not k or not eq or k in out:
+            raise ValueError("malformed query")
+        out[k] = v
+    return out
+
+
 def parse_transfer(path: str, query: str) -> SnapshotRequest | ReshardRequest | None:
-    """The request a state-transfer path asks for; None if it is none. ValueError: malformed."""
-    parts = path.strip("/").split("/")
-    if parts[0] == "snapshots" and len(parts) == 2:
-        generation = 0
-        for kv in query.split("&"):
-            k, _, v = kv.partition("=")
-            if k == "generation" and v.isdigit():
-                generation = int(v)
-        return SnapshotRequest(int(parts[1]), generation)
-    if parts[0] == "reshard" and len(parts) == 4:
-        return ReshardRequest(int(parts[1]), int(parts[2]), int(parts[3]))
-    return None
+    """The request of a state-transfer path (the inverse of `.path`); None if the path is not
+    under /snapshots/ or /reshard/. ValueError if it is but malformed: another number of
+    segments, a number that is not plain ASCII decimal, a query key unknown or repeated. The
+    request target's form (origin-form, characters) is eopipe.dedup.auth.route's to check."""
+    if not path.startswith("/"):
+        raise ValueError("not an absolute path")
+    parts = path[1:].split("/")
+    if parts[0] not in ("snapshots", "reshard"):
+        return None
+    params = _query(query)
+    if parts[0] == "snapshots":
+        if len(parts) != 2 or set(params) - {"generation"}:
+            raise ValueError("malformed snapshot request")
+        return SnapshotRequest(_number(parts[1]), _number(params.get("generation", "0")))
+    if len(parts) != 4 or params:
+        raise ValueError("malformed reshard request")
+    return ReshardRequest(_number(parts[1]), _number(parts[2]), _number(parts[3]))
+
+
+# -- the operator reading a pod's /status -------------------------------------------------------
+# A /status is a few hundred bytes per partition; 4 MiB is thousands of partitions. A pod that
+# sends more, or trickles it, is broken or hostile: the operator must not hold it in memory or
+# wait on it (the rebalance reads every pod each pass).
+STATUS_MAX_BYTES = 4 << 20
+STATUS_READ_SECONDS = 5.0
+_READ_CHUNK = 1 << 16
+
+
+def read_capped(stream, limit: int, deadline: float) -> bytes:
+    """The rest of `stream` (a response), at most `limit` bytes, read by the monotonic
+    `deadline`; ValueError otherwise. Each read returns what one receive got (read1), so a
+    trickling sender meets the deadline instead of holding the reader."""
+    parts: list[bytes] = []
+    n = 0
+    while chunk := stream.read1(min(_READ_CHUNK, limit + 1 - n)):
+        n += len(chunk)
+        if n > limit:
+            raise ValueError(f"body over {limit} bytes")
+        if time.monotonic() > deadline:
+            raise ValueError("body not read in time")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def status_from_body(body: bytes) -> PodStatus:
+    """ValueError if `body` is not a /status (not JSON, not an object, nested beyond reason)."""
+    try:
+        doc = json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return PodStatus.from_json(doc)
+
+
+def read_status(url: str, timeout: float, *, limit: int = STATUS_MAX_BYTES,
+                within: float = STATUS_READ_SECONDS) -> PodStatus | None:
+    """GET url (a pod's /status); None if the pod does not answer it readably: unreachable, an
+    HTTP error, malformed HTTP, a body over `limit` or not read `within` seconds, not a /status.
+    The rebalance treats such a pod as not answering."""
+    deadline = time.monotonic() + within
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            announced = r.headers.get("Content-Length")
+            if announced is not None and (not announced.isascii() or not announced.strip().isdigit()
+                                          or int(announced) > limit):
+                return None
+            body = read_capped(r, limit, deadline)
+            if announced is not None and len(body) != int(announced):  # cut short: not the whole /status
+                return None
+            return status_from_body(body)
+    except (OSError, ValueError, http.client.HTTPException):  # ValidationError is a ValueError
+        return None

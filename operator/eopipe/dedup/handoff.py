@@ -29,7 +29,6 @@ from eopipe.core.wire import (
     RecoveryAction,
     ReshardRequest,
     SnapshotRequest,
-    parse_transfer,
 )
 from eopipe.dedup import migrate
 from eopipe.dedup.logs import event
@@ -79,12 +78,11 @@ def take_over(r: PartitionRunner) -> None:
             should_stop=r.halt.is_set, token=r.cfg.token, on_retry=retrying)
         t1 = time.monotonic()
         migrate.install_snapshot(tmp, store, r.p)
-        stopped = facts.get(H_STOPPED)
         r.migration = m.model_copy(update=dict(
             method=MigrationMethod.SNAPSHOT, bytes=facts["bytes"], sha256=facts["sha256"],
             fetch_ms=int((time.monotonic() - t0) * 1000),
             transfer_ms=facts["ms"] + int((time.monotonic() - t1) * 1000),
-            stopped_at_ms=int(stopped) if stopped else None))
+            stopped_at_ms=facts.get(H_STOPPED)))
         event(log, INFO, "snapshot installed", partition=r.p, bytes=facts["bytes"],
               source=ho.get("from"), fetch_ms=r.migration.fetch_ms, transfer_ms=r.migration.transfer_ms)
     except (migrate.TransferError, OSError, tarfile.TarError) as e:
@@ -164,22 +162,25 @@ def _gather(r: PartitionRunner, rid: int, frm: int, peers: dict) -> tuple[list[t
                     time.sleep(0.2)
             if man.get("missing"):
                 raise migrate.TransferError(f"export of {src} unavailable", final=True)
-            f = migrate.export_dir(root, rid, src) / f"to-{r.p}.bin"
-            data = f.read_bytes() if f.exists() else b""
+            got = migrate.read_own_export(root, rid, src, r.p, man)
+            nbytes += ((man.get("targets") or {}).get(str(r.p)) or {}).get("bytes", 0)
         else:
             url = peers.get(owner)
             if not url:
                 raise migrate.TransferError(f"no address for {owner}, owner of {src}", final=True)
             tmp = root / "reshard" / f"incoming-{r.p}-{src}.bin"
-            tmp.parent.mkdir(parents=True, exist_ok=True)
             try:
-                migrate.fetch_with_retries(url.rstrip("/") + ReshardRequest(rid, src, r.p).path, tmp,
-                                           deadline=deadline, should_stop=r.halt.is_set, token=r.cfg.token)
+                tmp.parent.mkdir(parents=True, exist_ok=True)
+                facts = migrate.fetch_with_retries(url.rstrip("/") + ReshardRequest(rid, src, r.p).path, tmp,
+                                                   deadline=deadline, should_stop=r.halt.is_set, token=r.cfg.token)
                 data = tmp.read_bytes()
+            except OSError as e:  # our own disk: a TransferError too, so the partition rebuilds
+                raise migrate.TransferError(f"import from {src}: {e.strerror or e}") from None
             finally:
                 tmp.unlink(missing_ok=True)
-        nbytes += len(data)
-        entries.extend(migrate.parse_export(data))
+            nbytes += len(data)
+            got = migrate.parse_export(data, facts.get(H_KEYS))
+        entries.extend(got)
     return entries, nbytes
 
 
@@ -239,12 +240,9 @@ class Outgoing:
                 migrate.remove_snapshot(root, p)
         migrate.cleanup_reshards(root, {int(a.reshard["id"])} if a.reshard else set())
 
-    def serve(self, w: Worker, path: str, query: str):
-        """The state-transfer GETs: (code, headers, body: bytes or a file's Path), or None."""
-        try:
-            req = parse_transfer(path, query)
-        except ValueError:
-            return 400, {}, b"bad request\n"
+    def serve(self, w: Worker, req: SnapshotRequest | ReshardRequest):
+        """A state-transfer GET, routed and authorized by dedup/http.py: (code, headers, body:
+        bytes or a file's Path), or None."""
         if isinstance(req, SnapshotRequest):
             return self._snapshot(w, req)
         if isinstance(req, ReshardRequest):

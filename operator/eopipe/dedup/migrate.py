@@ -16,14 +16,23 @@ Re-shard of a partition increase N -> N2 (all owners paused first):
     start ms, u32 length, key), with a manifest.json written last; served at
     GET /reshard/<id>/<p>/<q>. The owner of q imports from every old partition's owner.
 
+A transfer is data from another pod, so it is read within bounds: a download must announce its
+Content-Length, is refused before a byte is written unless that fits the free disk space with
+DISK_MARGIN to spare, and is refused if the body runs longer (or shorter) than announced; a
+snapshot is unpacked only if its members are plain files that fit on disk; an export is parsed
+with every length checked against what is left, and its key count against the announced one.
+Every refusal is a TransferError, which the worker answers with a rebuild (dedup/handoff.py).
+
 Pure file and HTTP helpers only; the worker decides when to call them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
+import re
 import shutil
 import struct
 import tarfile
@@ -38,6 +47,10 @@ from eopipe.dedup import auth
 _REC = struct.Struct(">qI")
 CHUNK = 1 << 20
 BUSY_RETRY = 0.05  # seconds before asking again after a 503
+# Left free after a transfer lands: RocksDB's own writes (WAL, flushes, compactions) and the
+# logs need room too, and a full disk would fail the partitions that are running.
+DISK_MARGIN = 64 << 20
+_INT = re.compile(r"-?[0-9]{1,19}")
 
 
 class TransferError(Exception):
@@ -135,33 +148,79 @@ def _get(url: str, timeout: float, token: str | None = None):
         if e.code in (401, 403, 404, 410):
             raise TransferError(f"{url}: HTTP {e.code}", final=True) from None
         raise TransferError(f"{url}: HTTP {e.code}", busy=e.code == 503) from None
+    except http.client.HTTPException as e:  # not HTTP, or cut short in its head
+        raise TransferError(f"{url}: malformed answer ({type(e).__name__})") from None
     except (urllib.error.URLError, OSError) as e:
         raise TransferError(f"{url}: {getattr(e, 'reason', e)}") from None
 
 
+def free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def ensure_room(directory: Path, size: int, what: str) -> None:
+    """TransferError (final: a rebuild needs no transfer) unless `size` bytes fit in
+    `directory`'s file system with DISK_MARGIN left."""
+    free = free_bytes(directory)
+    if size > free - DISK_MARGIN:
+        raise TransferError(f"{what}: {size} bytes do not fit ({free} free, {DISK_MARGIN} kept)", final=True)
+
+
+def announced_size(url: str, value: str | None) -> int:
+    """The Content-Length a transfer must announce: without it, no bound to check it against."""
+    if value is None or not _INT.fullmatch(value.strip()) or int(value) < 0:
+        raise TransferError(f"{url}: no valid Content-Length", final=True)
+    return int(value)
+
+
+def header_facts(url: str, headers) -> dict[str, int | None]:
+    """The transfer's facts as numbers (None: not sent; "None" as an older server sent it)."""
+    out: dict[str, int | None] = {}
+    for k in (H_APPLIED, H_STOPPED, H_KEYS):
+        v = (headers.get(k) or "").strip()
+        if v in ("", "None"):
+            out[k] = None
+        elif _INT.fullmatch(v):
+            out[k] = int(v)
+        else:
+            raise TransferError(f"{url}: malformed {k} header", final=True)
+    return out
+
+
+def copy_capped(src, dst, size: int, what: str) -> str:
+    """Copies exactly `size` bytes of src (a response) into dst; its sha256 (hex). TransferError
+    if src ends short of `size`, or has more: a body over what it announced is not read past
+    the first byte too many."""
+    h = hashlib.sha256()
+    got = 0
+    while chunk := src.read(min(CHUNK, size + 1 - got)):
+        got += len(chunk)
+        if got > size:
+            raise TransferError(f"{what}: body longer than the {size} bytes announced", final=True)
+        dst.write(chunk)
+        h.update(chunk)
+    if got != size:
+        raise TransferError(f"{what}: got {got} bytes, expected {size}")
+    return h.hexdigest()
+
+
 def download(url: str, dest: Path, *, timeout: float = 30, token: str | None = None) -> dict:
-    """GETs url into dest with the pipeline's token; checks Content-Length and sha256. Returns
-    the headers' facts and how long it took (ms)."""
+    """GETs url into dest with the pipeline's token, within the bounds above; checks the size
+    and sha256. Returns the headers' facts (numbers) and how long it took (ms)."""
     t0 = time.monotonic()
     with _get(url, timeout, token) as r:
-        size = int(r.headers.get("Content-Length", "-1"))
+        size = announced_size(url, r.headers.get("Content-Length"))
+        facts = header_facts(url, r.headers)
         want = r.headers.get(H_SHA)
-        h = hashlib.sha256()
-        got = 0
-        with open(dest, "wb") as f:
-            while True:
-                chunk = r.read(CHUNK)
-                if not chunk:
-                    break
-                f.write(chunk)
-                h.update(chunk)
-                got += len(chunk)
-        facts = {k: r.headers.get(k) for k in (H_APPLIED, H_STOPPED, H_KEYS)}
-    if size >= 0 and got != size:
-        raise TransferError(f"{url}: got {got} bytes, expected {size}")
-    if want and h.hexdigest() != want:
-        raise TransferError(f"{url}: sha256 mismatch (got {h.hexdigest()[:12]}, expected {want[:12]})")
-    return {"bytes": got, "sha256": h.hexdigest(), "ms": int((time.monotonic() - t0) * 1000), **facts}
+        ensure_room(Path(dest).parent, size, url)
+        try:
+            with open(dest, "wb") as f:
+                digest = copy_capped(r, f, size, url)
+        except (OSError, http.client.HTTPException) as e:  # the peer went away mid-body, or our disk
+            raise TransferError(f"{url}: {type(e).__name__}: {e}") from None
+    if want and digest != want:
+        raise TransferError(f"{url}: sha256 mismatch (got {digest[:12]}, expected {want[:12]})")
+    return {"bytes": size, "sha256": digest, "ms": int((time.monotonic() - t0) * 1000), **facts}
 
 
 def fetch_with_retries(url: str, dest: Path, *, deadline: float, should_stop=lambda: False,
@@ -193,10 +252,13 @@ def install_snapshot(tar_path: Path, store, partition: int) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     with tarfile.open(tar_path, "r") as tf:
-        for m in tf.getmembers():
-            if not m.isfile() or "/" in m.name or m.name.startswith("."):
+        members = tf.getmembers()
+        for m in members:
+            # Plain files only (a GNU sparse member is a "file" that unpacks far beyond its size).
+            if m.type not in (tarfile.REGTYPE, tarfile.AREGTYPE) or "/" in m.name or m.name.startswith("."):
                 raise TransferError(f"unexpected member {m.name!r} in snapshot", final=True)
-        tf.extractall(staging)  # members checked above: plain files, no paths
+        ensure_room(staging, sum(m.size for m in members), "snapshot unpacked")
+        tf.extractall(staging, filter="data")  # members checked above; the filter once more
     store.drop(partition)
     os.replace(staging, target)
 
@@ -247,15 +309,42 @@ def read_export_manifest(state_dir: Path, reshard_id: int, partition: int) -> di
         return None
 
 
-def parse_export(data: bytes) -> list[tuple[bytes, int]]:
+def parse_export(data: bytes, keys: int | None = None) -> list[tuple[bytes, int]]:
+    """(key, segment start) of an export file; TransferError (final) if it is malformed: a
+    record cut short, a length past the end, or (with `keys`, the count its manifest or headers
+    announced) another number of records."""
     out = []
     i, n = 0, len(data)
     while i < n:
+        if n - i < _REC.size:
+            raise TransferError(f"export cut short: {n - i} bytes after record {len(out)}", final=True)
         start, klen = _REC.unpack_from(data, i)
         i += _REC.size
+        if klen > n - i:
+            raise TransferError(f"export record {len(out)}: key of {klen} bytes, {n - i} left", final=True)
+        if keys is not None and len(out) >= keys:
+            raise TransferError(f"export has more than the {keys} keys announced", final=True)
         out.append((data[i:i + klen], start))
         i += klen
+    if keys is not None and len(out) != keys:
+        raise TransferError(f"export has {len(out)} keys, {keys} announced", final=True)
     return out
+
+
+def read_own_export(state_dir: Path, reshard_id: int, partition: int, target: int, manifest: dict) -> list:
+    """The keys this pod's own export of `partition` gives `target`, checked against the
+    manifest (bytes, sha256, keys) as a peer's would be; TransferError if they differ."""
+    t = (manifest.get("targets") or {}).get(str(target))
+    if t is None:
+        return []
+    f = export_dir(state_dir, reshard_id, partition) / f"to-{target}.bin"
+    try:
+        data = f.read_bytes()
+    except OSError as e:
+        raise TransferError(f"own export of {partition}: {e.strerror or e}", final=True) from None
+    if len(data) != t.get("bytes") or hashlib.sha256(data).hexdigest() != t.get("sha256"):
+        raise TransferError(f"own export of {partition} to {target} does not match its manifest", final=True)
+    return parse_export(data, t.get("keys"))
 
 
 def cleanup_reshards(state_dir: Path, keep: set[int]) -> None:

@@ -116,7 +116,7 @@ class Worker:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         self.http = HttpServer(cfg.http_host, cfg.http_port, self.metrics, self.status, self.ready,
-                               self.heartbeat.alive, files=lambda path, query: self.outgoing.serve(self, path, query),
+                               self.heartbeat.alive, files=lambda req: self.outgoing.serve(self, req),
                                token=cfg.token, insecure=cfg.insecure_state_endpoints)
         self.http.start()
         self.assignments.start()

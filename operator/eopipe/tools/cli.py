@@ -75,8 +75,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from eopipe.tools import manifests
 
+    from eopipe.control.access import parse_allow_list
+
     try:
-        return manifests.validate(args.files)
+        allow = parse_allow_list(args.allowed_registries)
+    except ValueError as e:
+        args.parser.error(str(e))
+    try:
+        return manifests.validate(args.files, tenant_policy=manifests.load_policy(args.policy),
+                                  allowed_registries=allow)
     except manifests.Unreadable as e:
         args.parser.error(str(e))
 
@@ -87,7 +94,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     try:
         return manifests.render_file(args.file, args.namespace,
-                                     Settings(image=args.image, spark_image=args.spark_image))
+                                     Settings(image=args.image, spark_image=args.spark_image,
+                                              spark_driver_cluster_role=args.spark_driver_cluster_role))
     except manifests.Unreadable as e:
         args.parser.error(str(e))
 
@@ -243,8 +251,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "and its validation rules. Prints 'FILE: KIND/NAME: valid' or the API server's "
                     "message for each problem; other documents are skipped with a note. Rules that "
                     "compare with the stored object (fields that may not change) need a cluster. "
+                    "Then the tenant policy the operator enforces (docs/security.md): the default one, "
+                    "or --policy; whether the Secrets a pipeline names are open to it needs a cluster. "
                     "Exit status: 0 all valid, 1 something invalid, 2 usage error or unreadable file.")
     val.add_argument("files", nargs="+", metavar="FILE", help="manifest file, or - for stdin")
+    val.add_argument("--policy", metavar="FILE",
+                     help="the tenant policy: the chart's values file (its tenantPolicy) or the policy alone "
+                          "(YAML); default: the chart's default policy")
+    val.add_argument("--allowed-registries", default=os.environ.get("EOPIPE_ALLOWED_REGISTRIES", ""),
+                     metavar="LIST", help="the operator's registry allow-list (default: env "
+                                          "EOPIPE_ALLOWED_REGISTRIES, else any registry)")
     val.set_defaults(func=cmd_validate, parser=val)
 
     defaults = Settings()
@@ -264,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     ren.add_argument("--spark-image", default=os.environ.get("EOPIPE_SPARK_IMAGE", defaults.spark_image),
                      help="the SparkApplication's image, the operator's EOPIPE_SPARK_IMAGE (default: env "
                           f"EOPIPE_SPARK_IMAGE, else {defaults.spark_image})")
+    ren.add_argument("--spark-driver-cluster-role", metavar="NAME",
+                     default=os.environ.get("EOPIPE_SPARK_DRIVER_CLUSTERROLE", defaults.spark_driver_cluster_role),
+                     help="the chart's Spark-driver ClusterRole the driver is bound to, the operator's "
+                          "EOPIPE_SPARK_DRIVER_CLUSTERROLE (default: env EOPIPE_SPARK_DRIVER_CLUSTERROLE, else "
+                          f"{defaults.spark_driver_cluster_role})")
     ren.set_defaults(func=cmd_render, parser=ren)
 
     crd = sub.add_parser("crd", help="print the ExactlyOncePipeline CRD (YAML)",

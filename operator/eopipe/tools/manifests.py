@@ -8,7 +8,7 @@ from typing import TextIO
 
 import yaml
 
-from eopipe.control import rebalance
+from eopipe.control import policy, rebalance
 from eopipe.control.builders.pipeline import objects
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.settings import Settings
@@ -46,9 +46,27 @@ def _label(doc, index: int) -> str:
     return f"{doc.get('kind')}/{meta.get('name') or f'(document {index + 1})'}"
 
 
-def validate(paths: list[str], out: TextIO = sys.stdout) -> int:
-    """Prints `FILE: <kind>/<name>: valid` or one line per problem; 0 if all valid, 1 if not.
-    Raises Unreadable."""
+def load_policy(path: str | None) -> policy.TenantPolicy:
+    """The tenant policy of `--policy`: the chart's values file (its `tenantPolicy`) or the policy
+    alone; the default policy without one. Raises Unreadable (also for a policy that does not parse)."""
+    if path is None:
+        return policy.TenantPolicy()
+    try:
+        _, docs = load(path)
+        doc = docs[0] if docs else None
+        doc = doc.get("tenantPolicy", doc) if isinstance(doc, dict) else doc
+        if doc is not None and not isinstance(doc, dict):
+            raise ValueError("not a mapping")
+        return policy.parse(doc)
+    except (yaml.YAMLError, ValueError) as e:
+        raise Unreadable(f"--policy {path}: {' '.join(str(e).split())}") from None
+
+
+def validate(paths: list[str], out: TextIO = sys.stdout, tenant_policy: policy.TenantPolicy | None = None,
+             allowed_registries: tuple[str, ...] = ()) -> int:
+    """Prints `FILE: <kind>/<name>: valid` or one line per problem, the tenant policy's refusals
+    among them (Secrets need a cluster: not checked); 0 if all valid, 1 if not. Raises Unreadable."""
+    tenant_policy = tenant_policy or policy.TenantPolicy()
     status = VALID
     for path in paths:
         try:
@@ -68,11 +86,13 @@ def validate(paths: list[str], out: TextIO = sys.stdout) -> int:
                 print(f"{shown}: {label}: skipped, not an {KIND}", file=out)
                 continue
             try:
-                manifest.parse(doc)
+                problems = policy.refusals(manifest.parse(doc).spec, tenant_policy, allowed_registries)
             except manifest.Invalid as e:
+                problems = e.problems
+            for problem in problems:
+                print(f"{shown}: {label}: {problem}", file=out)
+            if problems:
                 status = INVALID
-                for problem in e.problems:
-                    print(f"{shown}: {label}: {problem}", file=out)
             else:
                 print(f"{shown}: {label}: valid", file=out)
     return status

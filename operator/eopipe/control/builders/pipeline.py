@@ -20,13 +20,14 @@ def dedup_objects(names: Names, image: str, assignment: Assignment, replicas: in
             dedup.pod_disruption_budget(names), *policy, dedup.statefulset(names, image, replicas)]
 
 
-def processing_objects(names: Names, spark_image: str) -> list[dict]:
-    """The Spark driver's RBAC, and last the SparkApplication; nothing without spec.processing."""
+def processing_objects(names: Names, spark_image: str, driver_cluster_role: str) -> list[dict]:
+    """The Spark driver's ServiceAccount and its binding to the chart's ClusterRole, and last the
+    SparkApplication; nothing without spec.processing."""
     if names.spec.processing is None:
         return []
-    return [*spark.driver_rbac(names), spark.spark_application(names, spark_image)]
+    return [*spark.driver_rbac(names, driver_cluster_role), spark.spark_application(names, spark_image)]
 
 
 def objects(names: Names, settings: Settings, assignment: Assignment, replicas: int) -> list[dict]:
     return (dedup_objects(names, settings.image, assignment, replicas, settings.network_policy)
-            + processing_objects(names, settings.spark_image))
+            + processing_objects(names, settings.spark_image, settings.spark_driver_cluster_role))

@@ -150,23 +150,31 @@ def spark_application(names: Names, image: str) -> dict:
 
 
 # What the Spark driver does on Kubernetes: executor pods, their service, config maps and
-# (with dynamic allocation of volumes) claims. The operator holds the same rights (RBAC forbids
-# granting more than one has), see charts/eopipe/templates/_helpers.tpl.
+# (with dynamic allocation of volumes) claims. The chart ships these rules as one ClusterRole
+# (charts/eopipe/templates/rbac.yaml, `<fullname>-<namespace>-spark-driver`) and the operator
+# binds it in the pipeline's namespace: RBAC lets it bind that ClusterRole by name (`bind` with
+# resourceNames) without holding these rights itself, as it would have to to grant them in a
+# Role of its own making.
 DRIVER_RULES = [
     {"apiGroups": [""], "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
      "verbs": ["get", "list", "watch", "create", "delete", "deletecollection", "patch"]},
 ]
+# The ClusterRole's name where no chart sets EOPIPE_SPARK_DRIVER_CLUSTERROLE (control/settings.py).
+DRIVER_CLUSTER_ROLE = "eopipe-spark-driver"
 
 
-def driver_rbac(names: Names) -> list[dict]:
-    """ServiceAccount, Role and RoleBinding that the SparkApplication's driver runs as."""
+def driver_rbac(names: Names, cluster_role: str = DRIVER_CLUSTER_ROLE) -> list[dict]:
+    """ServiceAccount that the SparkApplication's driver runs as, and the RoleBinding of the
+    chart's driver ClusterRole to it, in the pipeline's namespace only. The binding is
+    `<pipeline>-spark-driver`: a RoleBinding's roleRef cannot change, and releases before the
+    ClusterRole bound a Role `<pipeline>-spark` from a RoleBinding `<pipeline>-spark`."""
     sa = f"{names.pipeline}-spark"
-    meta = {"name": sa, "namespace": names.namespace, "labels": names.labels("processing")}
+    labels = names.labels("processing")
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-         "rules": DRIVER_RULES},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {"name": sa, "namespace": names.namespace, "labels": labels}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": f"{sa}-driver", "namespace": names.namespace, "labels": labels},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
          "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": names.namespace}]},
     ]

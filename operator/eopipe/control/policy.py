@@ -1,0 +1,268 @@
+"""The admin's tenant policy: what a pipeline's author may ask of the operator (docs/security.md).
+
+Pure: facts in (the spec, the policy, the Secrets' metadata), the refusals out, each as
+`spec.<field>: <why>`, the field as the manifest writes it. The operator refuses a pipeline
+with any refusal before it applies anything (status Stalled/PolicyDenied); `eopipe validate`
+prints the same lines; the chart's ValidatingAdmissionPolicy
+(charts/eopipe/templates/admissionpolicy.yaml) refuses the same fields at admission, from the
+same values.
+
+Patterns are globs whose only wildcard is `*` (any run of characters), so the chart can turn
+them into the admission policy's regular expressions the same way `glob_regex` does here.
+Every list extends the defaults below, which an admin cannot drop by leaving a key out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+
+from kubernetes.utils import parse_quantity
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from eopipe.control import access
+from eopipe.core.kafkaconf import SecretNotOpen, opened_to
+
+# Spark settings that run code, read files, change identity or reach past the pipeline's pods.
+# spark.kubernetes.* decides images, volumes (hostPath), pod templates, the namespace, the
+# service account and the driver's env: denied as a family, with the few harmless ones allowed.
+DENIED_SPARK_CONF = (
+    "spark.kubernetes.*", "*.extraJavaOptions", "*.extraClassPath", "*.extraLibraryPath",
+    "spark.jars", "spark.jars.*", "spark.plugins", "spark.plugins.*", "spark.*Env.*", "spark.files",
+    "spark.archives", "spark.submit.*", "spark.pyspark.*", "spark.master", "spark.driver.host",
+    "spark.extraListeners", "spark.sql.extensions", "spark.sql.queryExecutionListeners",
+    "spark.sql.streaming.streamingQueryListeners", "spark.sql.catalog.*", "spark.metrics.conf*",
+    "spark.eventLog.*", "spark.redaction.*", "spark.authenticate*", "spark.ssl*", "spark.ui.filters",
+    "spark.hadoop.*.impl", "spark.hadoop.*credentials.provider*", "spark.hadoop.hadoop.security.*",
+    "spark.executor.plugins", "spark.driver.resource.*", "spark.executor.resource.*",
+)
+ALLOWED_SPARK_CONF = (
+    "spark.kubernetes.executor.request.cores", "spark.kubernetes.driver.request.cores",
+    "spark.kubernetes.executor.limit.cores", "spark.kubernetes.driver.limit.cores",
+    "spark.kubernetes.memoryOverheadFactor", "spark.kubernetes.allocation.batch.size",
+    "spark.kubernetes.allocation.batch.delay", "spark.kubernetes.executor.deleteOnTermination",
+    "spark.kubernetes.driver.label.*", "spark.kubernetes.executor.label.*",
+    "spark.kubernetes.driver.annotation.*", "spark.kubernetes.executor.annotation.*",
+)
+# Hadoop settings that load classes or pick credentials the tenant did not bring.
+DENIED_HADOOP_CONF = ("*.impl", "*credentials.provider*", "hadoop.security.*", "*.assumed.role.*")
+# Names an interpreter, a loader or a client acts on before any code of ours runs.
+DENIED_ENV = (
+    "PYTHON*", "LD_*", "BROWSER", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS", "JAVA_HOME",
+    "JAVA_OPTS", "CLASSPATH", "EOPIPE_*", "SPARK_*", "PYSPARK_*", "HADOOP_*", "KUBERNETES_*", "POD_*",
+    "PATH", "HOME", "SHELL", "ENV", "BASH_ENV", "GLIBC_TUNABLES", "GCONV_PATH", "MALLOC_*", "NODE_OPTIONS",
+    "PERL5*", "RUBY*", "SSL_CERT_*", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "OPENSSL_*",
+    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+    "TMPDIR", "HOSTNAME", "AWS_CONTAINER_*", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_EC2_METADATA*",
+)
+ENV_ALLOW_PATTERN = r"[A-Z][A-Z0-9_]*"
+# Taints only the cluster's own nodes carry; the empty key tolerates every taint.
+DENIED_TOLERATION_KEYS = ("", "node-role.kubernetes.io/*")
+MAX_STORAGE = "500Gi"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class SparkPolicy(_Section):
+    allowed_conf: tuple[str, ...] = Field((), description="sparkConf keys allowed besides the defaults")
+    denied_conf: tuple[str, ...] = Field((), description="sparkConf keys denied besides the defaults")
+    denied_hadoop_conf: tuple[str, ...] = ()
+    service_accounts: tuple[str, ...] = Field(
+        (), description="driver ServiceAccounts a pipeline may name besides the operator's <pipeline>-spark")
+
+
+class EnvPolicy(_Section):
+    allow_pattern: str = ENV_ALLOW_PATTERN
+    denied: tuple[str, ...] = ()
+
+
+class KafkaPolicy(_Section):
+    bootstrap_servers: tuple[str, ...] = Field((), description="host:port globs; empty: any")
+
+
+class SchedulingPolicy(_Section):
+    toleration_keys: tuple[str, ...] = ("*",)
+    denied_toleration_keys: tuple[str, ...] = ()
+    node_selector_keys: tuple[str, ...] = ("*",)
+    priority_classes: tuple[str, ...] = ()
+
+
+class TenantPolicy(_Section):
+    spark: SparkPolicy = SparkPolicy()
+    env: EnvPolicy = EnvPolicy()
+    kafka: KafkaPolicy = KafkaPolicy()
+    scheduling: SchedulingPolicy = SchedulingPolicy()
+    max_storage: str = MAX_STORAGE
+
+
+def parse(doc: Mapping | None) -> TenantPolicy:
+    """The policy from its JSON/YAML form (the chart's `tenantPolicy` value); ValueError with the
+    first problem."""
+    try:
+        policy = TenantPolicy.model_validate(doc or {})
+        parse_quantity(policy.max_storage)
+        re.compile(policy.env.allow_pattern)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"tenantPolicy.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+    except (ValueError, re.error) as e:
+        raise ValueError(f"tenantPolicy: {e}") from None
+    return policy
+
+
+@lru_cache(maxsize=1024)
+def glob_regex(glob: str) -> re.Pattern:
+    return re.compile(re.escape(glob).replace(r"\*", ".*"))
+
+
+def matches(name: str, globs: Iterable[str]) -> bool:
+    return any(glob_regex(g).fullmatch(name) for g in globs)
+
+
+def _spark_conf_refusal(key: str, value: str, policy: TenantPolicy, allowed_registries) -> str | None:
+    if matches(key, (*DENIED_SPARK_CONF, *policy.spark.denied_conf)) and \
+            not matches(key, (*ALLOWED_SPARK_CONF, *policy.spark.allowed_conf)):
+        return "not allowed by the tenant policy (tenantPolicy.spark.allowedConf)"
+    if key.endswith("container.image") and (why := access.allowed(value, allowed_registries)):
+        return why
+    env = re.fullmatch(r"spark\.(?:executorEnv|kubernetes\.driverEnv|yarn\.appMasterEnv)\.(.+)", key)
+    if env and (why := env_refusal(env.group(1), policy)):
+        return why
+    return None
+
+
+def env_refusal(name: str, policy: TenantPolicy) -> str | None:
+    if not re.fullmatch(policy.env.allow_pattern, name):
+        return f"environment variable {name} does not match the tenant policy's allowPattern"
+    if matches(name, (*DENIED_ENV, *policy.env.denied)):
+        return f"environment variable {name} is reserved (it can change what the container runs)"
+    return None
+
+
+def prefix_refusal(prefix: str, policy: TenantPolicy) -> str | None:
+    """envFrom imports keys nobody reviewed: its prefix must keep every name they could make out of
+    the reserved ones. A reserved entry is a name, or a glob read up to its first `*`."""
+    if not prefix:
+        return "envFrom needs a prefix (the Secret's or ConfigMap's keys become variable names)"
+    if not re.fullmatch(policy.env.allow_pattern, prefix + "X"):
+        return f"envFrom prefix {prefix} does not match the tenant policy's allowPattern"
+    for denied in (*DENIED_ENV, *policy.env.denied):
+        head = denied.split("*", 1)[0]
+        if head.startswith(prefix) or ("*" in denied and prefix.startswith(head)):
+            return f"envFrom prefix {prefix} could make the reserved variable {denied}"
+    return None
+
+
+def _tolerations(field: str, tolerations, policy: TenantPolicy) -> list[str]:
+    out = []
+    for i, t in enumerate(tolerations):
+        key = t.get("key") or ""
+        if not matches(key, policy.scheduling.toleration_keys) or \
+                matches(key, (*DENIED_TOLERATION_KEYS, *policy.scheduling.denied_toleration_keys)):
+            out.append(f"{field}[{i}]: toleration of {key or 'every taint'} is not allowed by the tenant "
+                       "policy (tenantPolicy.scheduling.tolerationKeys)")
+    return out
+
+
+def _scheduling(field: str, node_selector, tolerations, priority_class, policy: TenantPolicy) -> list[str]:
+    out = _tolerations(f"{field}.tolerations", tolerations, policy)
+    out += [f"{field}.nodeSelector: key {k} is not allowed by the tenant policy "
+            "(tenantPolicy.scheduling.nodeSelectorKeys)"
+            for k in node_selector if not matches(k, policy.scheduling.node_selector_keys)]
+    if priority_class is not None and priority_class not in policy.scheduling.priority_classes:
+        out.append(f"{field}.priorityClassName: {priority_class} is not allowed by the tenant policy "
+                   "(tenantPolicy.scheduling.priorityClasses)")
+    return out
+
+
+def _envs(field: str, env, env_from, policy: TenantPolicy) -> list[str]:
+    out = [f"{field}.env[{i}]: {why}" for i, e in enumerate(env) if (why := env_refusal(e.name, policy))]
+    out += [f"{field}.envFrom[{i}]: {why}" for i, e in enumerate(env_from)
+            if (why := prefix_refusal(e.get("prefix") or "", policy))]
+    return out
+
+
+def _storage(field: str, size: str, policy: TenantPolicy) -> list[str]:
+    if parse_quantity(size) > parse_quantity(policy.max_storage):
+        return [f"{field}: {size} is above the tenant policy's maxStorage {policy.max_storage} (tenantPolicy.maxStorage)"]
+    return []
+
+
+def bootstrap_refusals(servers: str, policy: TenantPolicy) -> list[str]:
+    allow = policy.kafka.bootstrap_servers
+    if not allow:
+        return []
+    return [f"kafka.bootstrapServers: {s} is not allowed by the tenant policy (tenantPolicy.kafka.bootstrapServers)"
+            for s in (x.strip() for x in servers.split(",")) if s and not matches(s, allow)]
+
+
+def refusals(spec, policy: TenantPolicy, allowed_registries: tuple[str, ...] = ()) -> list[str]:
+    """Everything in `spec` (a PipelineSpec) the policy refuses, as `spec.<field>: <why>`."""
+    out = [why.removeprefix("spec.") for why in access.refused_images(spec, allowed_registries)]
+    out += bootstrap_refusals(spec.kafka.bootstrap_servers, policy)
+    dedup = spec.dedup
+    out += _storage("dedup.storage.size", dedup.storage.size, policy)
+    tpl = dedup.pod_template
+    out += _envs("dedup.podTemplate", tpl.env, (), policy)
+    out += _scheduling("dedup.podTemplate", tpl.node_selector, tpl.tolerations, tpl.priority_class_name, policy)
+    proc = spec.processing
+    if proc is not None:
+        if proc.service_account is not None and proc.service_account not in policy.spark.service_accounts:
+            out.append(f"processing.serviceAccount: {proc.service_account} is not allowed by the tenant policy "
+                       "(tenantPolicy.spark.serviceAccounts); leave it out to run as <pipeline>-spark")
+        out += [f"processing.sparkConf[{k}]: {why}" for k, v in proc.spark_conf.items()
+                if (why := _spark_conf_refusal(k, v, policy, allowed_registries))]
+        out += [f"processing.hadoopConf[{k}]: not allowed by the tenant policy (tenantPolicy.spark.deniedHadoopConf)"
+                for k in proc.hadoop_conf if matches(k, (*DENIED_HADOOP_CONF, *policy.spark.denied_hadoop_conf))]
+        out += _envs("processing", proc.env, proc.env_from, policy)
+        out += _scheduling("processing", proc.node_selector, proc.tolerations, None, policy)
+        if proc.checkpoint is not None and proc.checkpoint.pvc is not None and proc.checkpoint.pvc.claim_name is None:
+            out += _storage("processing.checkpoint.pvc.size", proc.checkpoint.pvc.size, policy)
+    return [f"spec.{r}" for r in out]
+
+
+def secret_refs(spec) -> list[tuple[str, str]]:
+    """(field, Secret name) of every Secret the spec names: Kafka credentials, env from Secrets,
+    image pull Secrets. Each must be opened to the pipeline (kafkaconf.OPT_IN)."""
+    out: list[tuple[str, str]] = []
+    kafka = spec.kafka
+    if kafka.sasl is not None:
+        out += [(f"kafka.sasl.{f}", getattr(kafka.sasl, f).name) for f in ("username", "password")]
+    if kafka.tls is not None:
+        out += [(f"kafka.tls.{f}", ref.name) for f in ("ca", "cert", "key") if (ref := getattr(kafka.tls, f))]
+
+    def env_refs(field: str, env) -> list[tuple[str, str]]:
+        return [(f"{field}.env[{i}].valueFrom.secretKeyRef", str(ref.get("name", "")))
+                for i, e in enumerate(env) if (ref := (e.value_from or {}).get("secretKeyRef")) is not None]
+
+    out += env_refs("dedup.podTemplate", spec.dedup.pod_template.env)
+    if spec.processing is not None:
+        out += env_refs("processing", spec.processing.env)
+        out += [(f"processing.envFrom[{i}].secretRef", str(e["secretRef"].get("name", "")))
+                for i, e in enumerate(spec.processing.env_from) if isinstance(e.get("secretRef"), dict)]
+    out += [(f"imagePullSecrets[{i}]", r.name) for i, r in enumerate(spec.image_pull_secrets)]
+    return out
+
+
+def secret_refusals(refs: list[tuple[str, str]], annotations: Mapping[str, dict | None], pipeline: str) -> list[str]:
+    """`annotations`: each named Secret's annotations, None where it does not exist (which reads
+    the same as not opened, so a status tells no tenant which Secrets exist)."""
+    return [f"spec.{field}: {SecretNotOpen(name, pipeline)}" for field, name in refs
+            if not opened_to(annotations.get(name), pipeline)]
+
+
+def builtin() -> dict:
+    """The built-in lists, as the chart's admission policy reads them
+    (charts/eopipe/files/tenant-policy-builtin.json, kept equal by tests/unit/test_policy.py)."""
+    return {"deniedSparkConf": list(DENIED_SPARK_CONF), "allowedSparkConf": list(ALLOWED_SPARK_CONF),
+            "deniedHadoopConf": list(DENIED_HADOOP_CONF), "deniedEnv": list(DENIED_ENV),
+            "deniedTolerationKeys": list(DENIED_TOLERATION_KEYS)}
+
+
+if __name__ == "__main__":
+    import json
+    print(json.dumps(builtin(), indent=2))

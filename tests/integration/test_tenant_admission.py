@@ -1,0 +1,109 @@
+"""The tenant policy at admission (docs/security.md): the chart's ValidatingAdmissionPolicy on
+the real API server refuses what the operator's policy refuses, naming the field, and
+`eopipe validate` says the same of the same manifest."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from localenv.fixtures_operator import kubectl, wait_for
+from tests.helpers.helm import CHART, run_helm
+from tests.helpers.manifests import changed, example
+from tests.helpers.pipelines import kubectl_apply
+
+pytestmark = pytest.mark.k8s
+
+TOLERATE_ALL = [{"operator": "Exists"}]
+# (what a tenant writes, the field the refusal names); each also refused by `eopipe validate`.
+REFUSED = [
+    ({"spec.processing.sparkConf": {"spark.kubernetes.driver.volumes.hostPath.x.options.path": "/"}},
+     "spec.processing.sparkConf[spark.kubernetes.driver.volumes.hostPath.x.options.path]"),
+    ({"spec.processing.sparkConf": {"spark.driver.extraJavaOptions": "-javaagent:/tmp/a.jar"}},
+     "spec.processing.sparkConf[spark.driver.extraJavaOptions]"),
+    ({"spec.processing.serviceAccount": "admin"}, "spec.processing.serviceAccount: admin"),
+    ({"spec.dedup.podTemplate": {"env": [{"name": "PYTHONWARNINGS", "value": "x"}]}}, "PYTHONWARNINGS"),
+    ({"spec.processing.env": [{"name": "JAVA_TOOL_OPTIONS", "value": "x"}]}, "JAVA_TOOL_OPTIONS"),
+    ({"spec.processing.envFrom": [{"secretRef": {"name": "s"}, "prefix": "EOPIPE_KAFKA_"}]}, "EOPIPE_KAFKA_"),
+    ({"spec.processing.envFrom": [{"secretRef": {"name": "s"}}]}, "spec.processing.envFrom"),
+    ({"spec.dedup.podTemplate": {"tolerations": TOLERATE_ALL}}, "every taint"),
+    ({"spec.processing.tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]},
+     "node-role.kubernetes.io/control-plane"),
+    ({"spec.dedup.podTemplate": {"priorityClassName": "system-node-critical"}}, "system-node-critical"),
+    ({"spec.dedup.storage": {"size": "10Ti"}}, "spec.dedup.storage.size: 10Ti"),
+]
+
+
+def _install(cp, ns: str, tools, helm_env, *values: str) -> str:
+    """The chart's admission policy bound to namespace `ns` only (the control plane is shared
+    with the other tests), once the API server enforces it; returns its YAML, to delete it."""
+    out = run_helm(tools, helm_env, "template", "eopipe", str(CHART), "--namespace", ns, "--show-only",
+                   "templates/admissionpolicy.yaml", "--set", f"watchNamespaces={{{ns}}}", *values).stdout
+    kubectl(cp, "apply", "-f", "-", input=out)
+    probe = yaml.safe_dump(changed(example("payments.yaml"), **{"metadata.name": "probe", **REFUSED[0][0]}))
+    # The API server picks a new policy up within a second or so; a server-side dry run goes
+    # through admission and stores nothing (a stored probe would make later tries updates).
+    wait_for(lambda: kubectl(cp, "apply", "--dry-run=server", "-n", ns, "-f", "-", input=probe,
+                             check=False).returncode != 0, timeout=60, what="the admission policy to take effect")
+    return out
+
+
+@pytest.fixture
+def admission(crds, kube_api, k8s_namespace, tools, helm_env):
+    out = _install(crds, k8s_namespace, tools, helm_env)
+    yield crds
+    kubectl(crds, "delete", "--ignore-not-found", "-f", "-", input=out)
+
+
+def _validate(doc: dict, tmp_path) -> subprocess.CompletedProcess:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return subprocess.run([sys.executable, "-m", "eopipe.tools.cli", "validate", str(path)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_the_admission_policy_refuses_what_the_tenant_policy_refuses(admission, k8s_namespace, tmp_path):
+    good = example("payments.yaml")
+    res = kubectl_apply(admission, k8s_namespace, good, check=False)
+    assert res.returncode == 0, res.stderr
+    for over, field in REFUSED:
+        doc = changed(good, **{"metadata.name": "t", **over})
+        res = kubectl_apply(admission, k8s_namespace, doc, check=False)
+        assert res.returncode != 0 and field in res.stderr and "tenantPolicy" in res.stderr, (over, res.stderr)
+        val = _validate(doc, tmp_path)
+        assert val.returncode == 1 and field in val.stdout, (over, val.stdout)
+
+
+def test_a_pipeline_written_before_the_policy_can_still_be_deleted(crds, kube_api, k8s_namespace, tools, helm_env):
+    # An object the policy would refuse, stored before it existed, with a finalizer as Kopf adds.
+    old = changed(example("payments.yaml"), **{"metadata.finalizers": ["eopipe.dev/test"], **REFUSED[2][0]})
+    kubectl_apply(crds, k8s_namespace, old)
+    out = _install(crds, k8s_namespace, tools, helm_env)
+    try:
+        # A change of its spec that keeps the refused field is refused; metadata changes are not.
+        res = kubectl_apply(crds, k8s_namespace, changed(old, **{"spec.dedup.window": "12h"}), check=False)
+        assert res.returncode != 0 and "spec.processing.serviceAccount" in res.stderr, res.stderr
+        res = kubectl(crds, "patch", "-n", k8s_namespace, "exactlyoncepipeline", "payments", "--type=merge",
+                      "-p", '{"metadata": {"finalizers": null}}', check=False)
+        assert res.returncode == 0, res.stderr
+    finally:
+        kubectl(crds, "delete", "--ignore-not-found", "-f", "-", input=out)
+
+
+def test_an_admin_can_allow_more(crds, kube_api, k8s_namespace, tools, helm_env):
+    out = _install(crds, k8s_namespace, tools, helm_env, "--set", "tenantPolicy.spark.serviceAccounts={spark-s3}",
+                   "--set", "tenantPolicy.scheduling.priorityClasses={data}",
+                   "--set", "tenantPolicy.kafka.bootstrapServers={*.kafka.svc:9092}")
+    try:
+        good = changed(example("payments.yaml"), **{"spec.processing.serviceAccount": "spark-s3",
+                                                    "spec.dedup.podTemplate": {"priorityClassName": "data"}})
+        far = changed(good, **{"metadata.name": "far", "spec.kafka.bootstrapServers": "kafka.evil.example:9092"})
+        res = kubectl_apply(crds, k8s_namespace, far, check=False)
+        assert "spec.kafka.bootstrapServers: kafka.evil.example:9092" in res.stderr, res.stderr
+        res = kubectl_apply(crds, k8s_namespace, good, check=False)
+        assert res.returncode == 0, res.stderr
+    finally:
+        kubectl(crds, "delete", "--ignore-not-found", "-f", "-", input=out)

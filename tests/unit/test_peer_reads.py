@@ -1,0 +1,341 @@
+"""Every read of a peer is bounded, and a bad answer is never a crash: the operator's read of a
+pod's /status (eopipe.core.wire.read_status), a state transfer's download (size announced, disk
+room, no longer body), the parse of a re-shard export, and, through the worker's real handoff
+code (dedup/handoff.py) against a loopback peer, that each malformed transfer ends in a rebuild.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import struct
+import tarfile
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from eopipe.core.assignment import Assignment
+from eopipe.core.wire import H_KEYS, H_SHA, H_STOPPED, MigrationMethod, PodStatus, ReshardRequest, read_status
+from eopipe.dedup import handoff, migrate
+from eopipe.dedup.http import HttpServer
+from eopipe.dedup.metrics import Metrics
+from eopipe.dedup.recovery import REPLAY
+from eopipe.dedup.store import StateStore
+
+WAIT = 5.0  # a bound for a test that fails, never a speed assertion
+STATUS = b'{"pod": "pod-a", "generation": 3, "owned": [0], "partitions": {"0": {"state": "running"}}}'
+
+
+@pytest.fixture
+def peer():
+    """A loopback peer answering every connection with `answer[0](conn)` after reading the head."""
+    answer = [lambda c: None]
+    lsock = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except OSError:
+                return
+            with conn:
+                buf = b""
+                conn.settimeout(WAIT)
+                try:
+                    while b"\r\n\r\n" not in buf and (chunk := conn.recv(4096)):
+                        buf += chunk
+                    answer[0](conn)
+                except OSError:
+                    pass
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{lsock.getsockname()[1]}", answer
+    stop.set()
+    lsock.close()
+
+
+def raw(head: bytes, body: bytes = b""):
+    return lambda c: c.sendall(head + b"\r\n\r\n" + body)
+
+
+def ok(body: bytes, **headers) -> bytes:
+    hs = b"".join(b"\r\n%s: %s" % (k.replace("_", "-").encode(), str(v).encode()) for k, v in headers.items())
+    return b"HTTP/1.0 200 OK" + hs
+
+
+def chunked(body: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 1000]), body[i:i + 1000])
+                    for i in range(0, len(body), 1000)) + b"0\r\n\r\n"
+
+
+def trickle(head: bytes, body: bytes, every: float):
+    def send(c):
+        c.sendall(head + b"\r\n\r\n")
+        for b in body:
+            c.sendall(bytes([b]))
+            time.sleep(every)
+    return send
+
+
+# -- the operator reading /status ---------------------------------------------------------------
+def test_a_good_status_is_read(peer):
+    url, answer = peer
+    answer[0] = raw(ok(STATUS, Content_Length=len(STATUS)), STATUS)
+    st = read_status(url + "/status", timeout=WAIT)
+    assert isinstance(st, PodStatus) and st.pod == "pod-a" and st.generation == 3
+
+
+BIG = b'{"pod": "' + b"a" * 5000 + b'"}'
+
+
+@pytest.mark.parametrize("answer", [
+    raw(ok(BIG, Content_Length=len(BIG)), BIG),                                # announced over the cap
+    raw(ok(BIG), BIG),                                                         # no length: read to the cap
+    raw(ok(BIG, Transfer_Encoding="chunked"), chunked(BIG)),
+    raw(ok(BIG, Content_Length=10), BIG),                                      # says 10, is not JSON in 10
+    raw(ok(b"", Content_Length="x"), STATUS),
+    raw(ok(b"", Content_Length="-1"), STATUS),
+    raw(ok(b"", Content_Length=10 ** 30), STATUS),
+    raw(ok(b"", Content_Length=len(STATUS) + 50), STATUS),                    # ends short
+    raw(ok(b""), b"not json"),
+    raw(ok(b""), b"[1, 2]"),
+    raw(ok(b""), b'{"partitions": {"0": {}}}'),                               # no state: not a /status
+    raw(ok(b""), b'{"owned": "x"}'),
+    raw(ok(b""), b"[" * 900 + b"]" * 900),                                    # nested too deep (within the cap)
+    raw(ok(b""), b"\xff\xfe"),
+    raw(b"HTTP/1.0 500 Internal Server Error\r\nContent-Length: 0"),
+    raw(b"HTTP/1.0 200 OK\r\nX: " + b"a" * 70_000),                           # a header line too long
+    raw(b"HELLO"),                                                            # not HTTP
+    lambda c: None,                                                           # closes without a word
+    trickle(ok(b""), STATUS, 0.25),                                           # too slow for the deadline
+], ids=["announced-over", "unannounced-over", "chunked-over", "short-length", "length-x", "length-neg",
+        "length-huge", "ends-short", "not-json", "list", "no-state", "owned-str", "deep", "binary", "500",
+        "long-header", "not-http", "silent", "trickle"])
+def test_an_unreadable_status_is_none(peer, answer):
+    url, ans = peer
+    ans[0] = answer
+    assert read_status(url + "/status", timeout=WAIT, limit=2000, within=1.0) is None
+
+
+def test_nobody_listening_is_none():
+    s = socket.create_server(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    assert read_status(f"http://127.0.0.1:{port}/status", timeout=WAIT) is None
+
+
+def test_the_status_cap_fits_a_real_status():
+    # The cap must never refuse a real pod: one with 1000 partitions is far below it.
+    part = {"state": "running", "committed": 10 ** 12, "lag": 10 ** 6, "recovery": {"recovery": "replay"},
+            "migration": {"method": "snapshot", "sha256": "0" * 64, "from": "pod-x"},
+            "store": {"keys": 10 ** 9, "bytes": 10 ** 12}}
+    import json
+
+    from eopipe.core.wire import STATUS_MAX_BYTES, status_from_body
+    body = json.dumps({"pod": "p", "owned": list(range(1000)), "partitions": {str(p): part for p in range(1000)}})
+    assert len(body) < STATUS_MAX_BYTES // 8
+    assert len(status_from_body(body.encode()).partitions) == 1000
+
+
+# -- a state transfer's download ----------------------------------------------------------------
+DATA = b"x" * 50_000
+SHA = hashlib.sha256(DATA).hexdigest()
+
+
+def test_a_good_transfer(peer, tmp_path):
+    url, answer = peer
+    answer[0] = raw(ok(DATA, Content_Length=len(DATA), **{H_SHA: SHA, H_KEYS: 7}), DATA)
+    facts = migrate.download(url + "/x", tmp_path / "f")
+    assert facts["bytes"] == len(DATA) and facts[H_KEYS] == 7 and facts[H_STOPPED] is None
+    assert (tmp_path / "f").read_bytes() == DATA
+
+
+@pytest.mark.parametrize("answer, match, final", [
+    (raw(ok(DATA), DATA), "Content-Length", True),
+    (raw(ok(DATA, Transfer_Encoding="chunked"), chunked(DATA)), "Content-Length", True),
+    (raw(ok(DATA, Content_Length="5x"), DATA), "Content-Length", True),
+    # Chunked wins over Content-Length in HTTP: a body past the length announced is refused.
+    (raw(ok(DATA, Content_Length=1000, Transfer_Encoding="chunked"), chunked(DATA)), "longer than", True),
+    (raw(ok(DATA, Content_Length=len(DATA) + 1, **{H_SHA: SHA}), DATA), "expected", False),
+    (raw(ok(DATA, Content_Length=len(DATA), **{H_SHA: "0" * 64}), DATA), "sha256 mismatch", False),
+    (raw(ok(DATA, Content_Length=len(DATA), **{H_KEYS: "lots"}), DATA), "malformed", True),
+    (raw(ok(DATA, Content_Length=len(DATA), **{H_STOPPED: "1e9"}), DATA), "malformed", True),
+    (raw(b"HELLO"), "BadStatusLine", False),
+])
+def test_a_bad_transfer_is_a_transfer_error(peer, tmp_path, answer, match, final):
+    url, ans = peer
+    ans[0] = answer
+    with pytest.raises(migrate.TransferError, match=match) as e:
+        migrate.download(url + "/x", tmp_path / "f", timeout=WAIT)
+    assert e.value.final is final
+
+
+def test_a_transfer_must_fit_on_disk(peer, tmp_path, monkeypatch):
+    url, answer = peer
+    answer[0] = raw(ok(DATA, Content_Length=len(DATA), **{H_SHA: SHA}), DATA)
+    monkeypatch.setattr(migrate, "free_bytes", lambda path: migrate.DISK_MARGIN + len(DATA) - 1)
+    with pytest.raises(migrate.TransferError, match="do not fit") as e:
+        migrate.download(url + "/x", tmp_path / "f")
+    assert e.value.final and not (tmp_path / "f").exists()  # refused before a byte was written
+    monkeypatch.setattr(migrate, "free_bytes", lambda path: migrate.DISK_MARGIN + len(DATA))
+    assert migrate.download(url + "/x", tmp_path / "f")["bytes"] == len(DATA)
+
+
+def test_a_snapshot_unpacks_only_plain_files_that_fit(tmp_path, monkeypatch):
+    store = StateStore(tmp_path / "s", window_ms=3_600_000, segment_ms=900_000, memory_bytes=16 << 20)
+    f = tmp_path / "CURRENT"
+    f.write_bytes(b"1" * 1000)
+    plain = tmp_path / "plain.tar"
+    with tarfile.open(plain, "w") as tf:
+        tf.add(f, arcname="CURRENT")
+    monkeypatch.setattr(migrate, "free_bytes", lambda path: migrate.DISK_MARGIN + 999)
+    with pytest.raises(migrate.TransferError, match="do not fit"):
+        migrate.install_snapshot(plain, store, 0)
+    assert not store.exists(0)
+    monkeypatch.undo()
+    sparse = tmp_path / "sparse.tar"
+    with tarfile.open(sparse, "w", format=tarfile.GNU_FORMAT) as tf:
+        info = tf.gettarinfo(f, arcname="CURRENT")
+        info.type = tarfile.GNUTYPE_SPARSE
+        tf.addfile(info)
+    for bad in (sparse,):
+        with pytest.raises(migrate.TransferError, match="unexpected member"):
+            migrate.install_snapshot(bad, store, 0)
+
+
+# -- re-shard exports -----------------------------------------------------------------------------
+REC = struct.Struct(">qI")
+GOOD = b"".join(REC.pack(100 + i, len(k)) + k for i, k in enumerate([b"alpha", b"", b"gamma-key"]))
+
+
+def test_a_good_export_parses():
+    assert migrate.parse_export(GOOD) == [(b"alpha", 100), (b"", 101), (b"gamma-key", 102)]
+    assert migrate.parse_export(GOOD, 3) == migrate.parse_export(GOOD)
+    assert migrate.parse_export(b"", 0) == []
+
+
+@pytest.mark.parametrize("data, keys, match", [
+    *[(GOOD[:n], None, "cut short|left") for n in (1, 11, 12, 13, 16, 17 + 11, len(GOOD) - 1)],
+    (REC.pack(1, 6) + b"abc", None, "left"),                       # a length past the end
+    (REC.pack(1, 2 ** 32 - 1) + b"abc", None, "left"),
+    (GOOD + b"\x00\x01", None, "cut short"),                       # trailing garbage
+    (GOOD, 2, "more than the 2"),                                  # more keys than announced
+    (GOOD, 4, "3 keys, 4 announced"),                              # fewer
+    (GOOD, 0, "more than the 0"),
+])
+def test_a_malformed_export_is_a_final_transfer_error(data, keys, match):
+    with pytest.raises(migrate.TransferError, match=match) as e:
+        migrate.parse_export(data, keys)
+    assert e.value.final
+
+
+def test_an_own_export_is_checked_against_its_manifest(tmp_path):
+    from eopipe.core.partitioner import murmur2_partition
+    keys = [b"key-%d" % i for i in range(200)]
+    man = migrate.write_exports(tmp_path, 9, 1, ((100, k) for k in keys), murmur2_partition, 4)
+    q = int(next(iter(man["targets"])))
+    assert len(migrate.read_own_export(tmp_path, 9, 1, q, man)) == man["targets"][str(q)]["keys"]
+    f = migrate.export_dir(tmp_path, 9, 1) / f"to-{q}.bin"
+    f.write_bytes(f.read_bytes()[:-1] + b"!")   # same size, another sha
+    with pytest.raises(migrate.TransferError, match="does not match"):
+        migrate.read_own_export(tmp_path, 9, 1, q, man)
+    f.unlink()
+    with pytest.raises(migrate.TransferError, match="own export"):
+        migrate.read_own_export(tmp_path, 9, 1, q, man)
+
+
+# -- every malformed transfer ends in a rebuild -------------------------------------------------
+class FakeStore:
+    """The partition's open store, as handoff.reshard uses it."""
+
+    def __init__(self):
+        self.reshard_id = None
+        self.applied: list = []
+
+    def iter_keys(self):
+        return iter(())
+
+    def apply(self, entries, offset, **kw):
+        self.applied.append((list(entries), offset, kw))
+
+
+def runner(tmp_path, assignment: Assignment, p: int):
+    calls: list = []
+    r = SimpleNamespace(
+        p=p, halt=threading.Event(), migration=None, committed=42, store=FakeStore(),
+        plan=SimpleNamespace(action=REPLAY),
+        cfg=SimpleNamespace(me="pod-b", token="t0k", handoff_timeout_seconds=3.0, partitioner="murmur2",
+                            window_ms=3_600_000, segment_ms=900_000),
+        w=SimpleNamespace(assignment=assignment, store=StateStore(tmp_path / "b", window_ms=3_600_000,
+                                                                   segment_ms=900_000, memory_bytes=16 << 20)),
+        source=SimpleNamespace(watermarks=lambda p: (0, 100)),
+        set_state=lambda s: calls.append(("state", s)),
+        rebuild=lambda end, lo, since: calls.append(("rebuild", end, lo)),
+        assign=lambda off: calls.append(("assign", off)))
+    return r, calls
+
+
+def export_server(tmp_path, body: bytes, headers: dict) -> HttpServer:
+    """The old owner: the worker's real HTTP server and token, serving `body` as the export."""
+    s = HttpServer("127.0.0.1", 0, Metrics(), lambda: PodStatus(), lambda: True, lambda: True,
+                   files=lambda req: (200, headers, body) if isinstance(req, ReshardRequest) else None, token="t0k")
+    s.start()
+    return s
+
+
+def _reshard_importing(tmp_path, body: bytes, keys):
+    """Re-shard 2 -> 4: this pod (pod-b) owns new partition 2 and imports from old partition 0 at
+    pod-a, which serves `body`; its own old partition 1 exported nothing to 2."""
+    s = export_server(tmp_path, body, {H_SHA: hashlib.sha256(body).hexdigest(), H_KEYS: keys})
+    try:
+        a = Assignment(5, {0: "pod-a", 1: "pod-b", 2: "pod-b", 3: "pod-a"}, partition_count=4,
+                       reshard={"id": 1, "from": 2, "to": 4, "peers": {"pod-a": f"http://127.0.0.1:{s.port}"}})
+        r, calls = runner(tmp_path, a, 2)
+        migrate.write_exports(r.w.store.root, 1, 1, iter(()), lambda k, n: 1, 4)
+        handoff.reshard(r)
+    finally:
+        s.stop()
+    return r, calls
+
+
+@pytest.mark.parametrize("body, keys", [
+    (GOOD[:13], 3),                         # truncated inside a record
+    (GOOD[:-1], 3),                         # truncated inside the last key
+    (REC.pack(1, 999) + b"abc", 1),         # a length past the end
+    (GOOD + b"\x00", 3),                    # trailing garbage
+    (GOOD, 2),                              # more keys than announced
+    (GOOD, 9),                              # fewer
+], ids=["cut-record", "cut-key", "length-past-end", "trailing", "too-many-keys", "too-few-keys"])
+def test_a_malformed_reshard_import_rebuilds(tmp_path, body, keys):
+    # pod-a answers with a checksum-correct but malformed export.
+    r, calls = _reshard_importing(tmp_path, body, keys)
+    assert ("rebuild", 42, 0) in calls and ("assign", 42) in calls
+    assert r.migration.method is MigrationMethod.REBUILD and r.migration.reason
+    assert r.store.applied == [([], None, {"partition_count": 4, "reshard_id": 1})]
+
+
+def test_a_good_reshard_import_is_applied(tmp_path):
+    r, calls = _reshard_importing(tmp_path, GOOD, 3)
+    assert not any(c[0] == "rebuild" for c in calls)
+    assert r.migration.method is MigrationMethod.RESHARD_IMPORT and r.migration.keys == 3
+    assert r.store.applied[0][0] == migrate.parse_export(GOOD)
+
+
+@pytest.mark.parametrize("answer", [
+    raw(ok(DATA, Content_Length=1000, Transfer_Encoding="chunked", **{H_SHA: SHA}), chunked(DATA)),  # longer
+    raw(ok(DATA, **{H_SHA: SHA}), DATA),                                      # no length announced
+    raw(ok(DATA, Content_Length=len(DATA), **{H_SHA: SHA}), DATA),            # right size, not a tar
+    raw(ok(DATA, Content_Length=len(DATA), **{H_SHA: SHA, H_STOPPED: "x"}), DATA),
+], ids=["longer-than-announced", "unannounced", "not-a-tar", "bad-header"])
+def test_a_malformed_snapshot_rebuilds(tmp_path, peer, answer):
+    url, ans = peer
+    ans[0] = answer
+    a = Assignment(3, {0: "pod-b"}, partition_count=1, handoffs={0: {"from": "pod-a", "url": url}})
+    r, _ = runner(tmp_path, a, 0)
+    handoff.take_over(r)
+    assert r.migration.method is MigrationMethod.REBUILD and r.migration.reason
+    assert not r.w.store.exists(0)  # recovery finds no store: it rebuilds
+    assert not list((r.w.store.root / "snapshots").glob("incoming-*"))
+

@@ -1,0 +1,163 @@
+"""The tenant policy (control/policy.py): what a pipeline's author may ask of the operator."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eopipe.control import policy
+from eopipe.core.kafkaconf import OPT_IN
+from eopipe.core.spec import PipelineSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = {"kafka": {"bootstrapServers": "kafka.kafka.svc:9092"}, "source": {"topic": "src", "partitions": 8}}
+PROC = {"checkpoint": {"pvc": {}}}
+
+
+def spec(dedup: dict | None = None, processing: dict | None = None, **top) -> PipelineSpec:
+    doc = {**BASE, **top}
+    if dedup is not None:
+        doc["dedup"] = dedup
+    if processing is not None:
+        doc["processing"] = {**PROC, **processing}
+        doc["sink"] = {"kafka": {"topic": "out"}}
+    return PipelineSpec.model_validate(doc)
+
+
+def refused(s: PipelineSpec, p: dict | None = None, registries=()) -> list[str]:
+    return policy.refusals(s, policy.parse(p), registries)
+
+
+@pytest.mark.parametrize("s, p, want", [
+    # Spark settings: spark.kubernetes.* and the code-loading families are denied, a few allowed.
+    (spec(processing={"sparkConf": {"spark.kubernetes.driver.volumes.hostPath.x.options.path": "/"}}), None,
+     ["spec.processing.sparkConf[spark.kubernetes.driver.volumes.hostPath.x.options.path]: not allowed"]),
+    (spec(processing={"sparkConf": {"spark.kubernetes.container.image": "evil"}}), None,
+     ["spec.processing.sparkConf[spark.kubernetes.container.image]: not allowed"]),
+    (spec(processing={"sparkConf": {"spark.kubernetes.driver.podTemplateFile": "/x"}}), None, ["podTemplateFile]"]),
+    (spec(processing={"sparkConf": {"spark.kubernetes.namespace": "kube-system"}}), None, ["namespace]"]),
+    (spec(processing={"sparkConf": {"spark.jars": "http://x/a.jar"}}), None, ["[spark.jars]"]),
+    (spec(processing={"sparkConf": {"spark.jars.packages": "a:b:1"}}), None, ["[spark.jars.packages]"]),
+    (spec(processing={"sparkConf": {"spark.plugins": "x.Y"}}), None, ["[spark.plugins]"]),
+    (spec(processing={"sparkConf": {"spark.driver.extraJavaOptions": "-javaagent:/x"}}), None, ["extraJavaOptions]"]),
+    (spec(processing={"sparkConf": {"spark.executor.extraClassPath": "/x"}}), None, ["extraClassPath]"]),
+    (spec(processing={"sparkConf": {"spark.kubernetes.driverEnv.EOPIPE_KAFKA_X": "y"}}), None, ["driverEnv"]),
+    (spec(processing={"sparkConf": {"spark.executorEnv.PYTHONPATH": "/x"}}), None, ["executorEnv.PYTHONPATH]"]),
+    (spec(processing={"sparkConf": {"spark.hadoop.fs.s3a.impl": "x.Y"}}), None, ["fs.s3a.impl]"]),
+    (spec(processing={"sparkConf": {"spark.sql.shuffle.partitions": "4",
+                                    "spark.kubernetes.executor.request.cores": "250m",
+                                    "spark.kubernetes.driver.label.team": "a"}}), None, []),
+    # The admin may allow more, and then the image and env rules still apply inside sparkConf.
+    (spec(processing={"sparkConf": {"spark.executorEnv.LD_PRELOAD": "/x", "spark.executorEnv.TEAM": "a"}}),
+     {"spark": {"allowedConf": ["spark.executorEnv.*"]}}, ["executorEnv.LD_PRELOAD]: environment variable LD_PRELOAD"]),
+    (spec(processing={"sparkConf": {"spark.sql.catalog.x": "y"}}), None, ["spark.sql.catalog.x]"]),
+    (spec(processing={"sparkConf": {"spark.sql.adaptive.enabled": "false"}}),
+     {"spark": {"deniedConf": ["spark.sql.adaptive.*"]}}, ["spark.sql.adaptive.enabled]"]),
+    (spec(processing={"hadoopConf": {"fs.s3a.aws.credentials.provider": "x", "fs.s3a.endpoint": "http://s3:8333"}}),
+     None, ["spec.processing.hadoopConf[fs.s3a.aws.credentials.provider]"]),
+    # The driver's ServiceAccount: the operator's own unless the admin allows another.
+    (spec(processing={"serviceAccount": "admin"}), None, ["spec.processing.serviceAccount: admin is not allowed"]),
+    (spec(processing={"serviceAccount": "spark-s3"}), {"spark": {"serviceAccounts": ["spark-s3"]}}, []),
+    # Environment names.
+    (spec(dedup={"podTemplate": {"env": [{"name": "PYTHONWARNINGS", "value": "x"}]}}), None,
+     ["spec.dedup.podTemplate.env[0]: environment variable PYTHONWARNINGS is reserved"]),
+    (spec(dedup={"podTemplate": {"env": [{"name": "BROWSER", "value": "x"}]}}), None, ["BROWSER is reserved"]),
+    (spec(dedup={"podTemplate": {"env": [{"name": "EOPIPE_TOKEN_FILE", "value": "x"}]}}), None, ["EOPIPE_TOKEN_FILE"]),
+    (spec(dedup={"podTemplate": {"env": [{"name": "http_proxy", "value": "x"}]}}), None, ["allowPattern"]),
+    (spec(processing={"env": [{"name": "JAVA_TOOL_OPTIONS", "value": "x"}]}), None, ["processing.env[0]"]),
+    (spec(processing={"env": [{"name": "TEAM", "value": "a"}]}), None, []),
+    (spec(dedup={"podTemplate": {"env": [{"name": "TEAM", "value": "a"}]}}), {"env": {"denied": ["TEAM"]}},
+     ["TEAM is reserved"]),
+    (spec(processing={"envFrom": [{"secretRef": {"name": "s"}}]}), None, ["envFrom[0]: envFrom needs a prefix"]),
+    (spec(processing={"envFrom": [{"secretRef": {"name": "s"}, "prefix": "PY"}]}), None, ["reserved variable PYTHON*"]),
+    (spec(processing={"envFrom": [{"secretRef": {"name": "s"}, "prefix": "EOPIPE_KAFKA_"}]}), None, ["EOPIPE_*"]),
+    (spec(processing={"envFrom": [{"configMapRef": {"name": "s"}, "prefix": "B"}]}), None, ["BROWSER"]),
+    (spec(processing={"envFrom": [{"configMapRef": {"name": "s"}, "prefix": "APP_"}]}), None, []),
+    # Scheduling.
+    (spec(dedup={"podTemplate": {"tolerations": [{"operator": "Exists"}]}}), None,
+     ["spec.dedup.podTemplate.tolerations[0]: toleration of every taint"]),
+    (spec(processing={"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}),
+     None, ["spec.processing.tolerations[0]"]),
+    (spec(dedup={"podTemplate": {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}}), None, []),
+    (spec(dedup={"podTemplate": {"tolerations": [{"key": "dedicated", "operator": "Exists"}]}}),
+     {"scheduling": {"tolerationKeys": ["pool"]}}, ["tolerations[0]"]),
+    (spec(dedup={"podTemplate": {"priorityClassName": "system-cluster-critical"}}), None,
+     ["spec.dedup.podTemplate.priorityClassName: system-cluster-critical"]),
+    (spec(dedup={"podTemplate": {"priorityClassName": "data"}}), {"scheduling": {"priorityClasses": ["data"]}}, []),
+    (spec(dedup={"podTemplate": {"nodeSelector": {"kubernetes.io/hostname": "cp"}}}),
+     {"scheduling": {"nodeSelectorKeys": ["pool"]}}, ["spec.dedup.podTemplate.nodeSelector: key kubernetes.io/hostname"]),
+    # Sizes and addresses.
+    (spec(dedup={"storage": {"size": "10Ti"}}), None, ["spec.dedup.storage.size: 10Ti is above"]),
+    (spec(processing={"checkpoint": {"pvc": {"size": "2Gi"}}}), {"maxStorage": "1Gi"},
+     ["spec.processing.checkpoint.pvc.size: 2Gi"]),
+    (spec(kafka={"bootstrapServers": "kafka.kafka.svc:9092,evil.example:9092"}),
+     {"kafka": {"bootstrapServers": ["*.kafka.svc:9092"]}}, ["spec.kafka.bootstrapServers: evil.example:9092"]),
+    (spec(), {"kafka": {"bootstrapServers": ["*.kafka.svc:9092"]}}, []),
+    (spec(dedup={"image": "ghcr.io/evil/x:1"}), None, []),  # no registry allow-list: any image
+])
+def test_refusals_name_the_field(s, p, want):
+    got = refused(s, p)
+    assert len(got) == len(want), got
+    for line, fragment in zip(got, want):
+        assert fragment in line, (fragment, got)
+
+
+def test_images_are_refused_through_the_registry_allow_list():
+    assert refused(spec(dedup={"image": "ghcr.io/evil/x:1"}), None, ("ghcr.io/acme",)) == [
+        "spec.dedup.image: ghcr.io/evil/x:1 (ghcr.io/evil/x) is not from an allowed registry (ghcr.io/acme)"]
+    # An image an admin lets a pipeline set inside sparkConf is held to the same list.
+    key = "spark.kubernetes.executor.container.image"
+    s = spec(processing={"sparkConf": {key: "ghcr.io/evil/x:1"}})
+    assert refused(s, {"spark": {"allowedConf": [key]}}, ("ghcr.io/acme",)) == [
+        f"spec.processing.sparkConf[{key}]: ghcr.io/evil/x:1 (ghcr.io/evil/x) is not from an allowed registry "
+        "(ghcr.io/acme)"]
+    assert refused(s, {"spark": {"allowedConf": [key]}}, ()) == []
+
+
+@pytest.mark.parametrize("annotations, pipeline, ok", [
+    (None, "p", False),                             # no such Secret
+    ({}, "p", False),                               # not opened
+    ({OPT_IN: "other"}, "p", False),
+    ({OPT_IN: "other, p"}, "p", True),
+    ({OPT_IN: "*"}, "p", True),
+    ({OPT_IN: "pp"}, "p", False),
+])
+def test_a_secret_reaches_a_pipeline_only_if_opened_to_it(annotations, pipeline, ok):
+    s = spec(kafka={"bootstrapServers": "k:9092", "securityProtocol": "SASL_SSL",
+                    "sasl": {"username": {"name": "kc", "key": "u"}, "password": {"name": "kc", "key": "p"}}})
+    got = policy.secret_refusals(policy.secret_refs(s), {"kc": annotations} if annotations is not None else {},
+                                 pipeline)
+    assert got == ([] if ok else [f"spec.kafka.sasl.{f}: Secret kc is not open to pipeline {pipeline}: it must exist "
+                                  f"and carry the annotation {OPT_IN} naming {pipeline} (or *)"
+                                  for f in ("username", "password")])
+
+
+def test_every_secret_a_spec_names_is_found():
+    s = spec(dedup={"podTemplate": {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s1", "key": "k"}}}]}},
+             processing={"env": [{"name": "B", "valueFrom": {"secretKeyRef": {"name": "s2", "key": "k"}}}],
+                         "envFrom": [{"secretRef": {"name": "s3"}, "prefix": "X_"}, {"configMapRef": {"name": "c"}}]},
+             kafka={"bootstrapServers": "k:9092", "tls": {"ca": {"name": "s4", "key": "ca"}}},
+             imagePullSecrets=[{"name": "s5"}])
+    assert policy.secret_refs(s) == [
+        ("kafka.tls.ca", "s4"), ("dedup.podTemplate.env[0].valueFrom.secretKeyRef", "s1"),
+        ("processing.env[0].valueFrom.secretKeyRef", "s2"), ("processing.envFrom[0].secretRef", "s3"),
+        ("imagePullSecrets[0]", "s5")]
+
+
+@pytest.mark.parametrize("doc, error", [
+    ({"spark": {"allowedConf": "x"}}, "tenantPolicy.spark.allowedConf"),
+    ({"maxStorage": "lots"}, "tenantPolicy"),
+    ({"env": {"allowPattern": "("}}, "tenantPolicy"),
+    ({"nope": 1}, "tenantPolicy.nope"),
+])
+def test_a_bad_policy_is_one_clear_error(doc, error):
+    with pytest.raises(ValueError, match=error.replace(".", r"\.")):
+        policy.parse(doc)
+
+
+def test_the_charts_copy_of_the_builtin_lists_is_current():
+    committed = json.loads((ROOT / "charts/eopipe/files/tenant-policy-builtin.json").read_text())
+    assert committed == policy.builtin(), \
+        "run: .venv/bin/python -m eopipe.control.policy > charts/eopipe/files/tenant-policy-builtin.json"
