@@ -11,6 +11,7 @@ from kubernetes import client
 
 from eopipe.control.kube import Applier
 from eopipe.control.settings import Settings
+from eopipe.core.kafkaconf import OPT_IN
 from eopipe.core.names import deduped_topic, dlq_topic
 from localenv.fixtures_operator import kubectl, wait_for
 from tests.helpers.pipelines import (
@@ -342,12 +343,16 @@ def test_dedup_pods_run_in_a_namespace_that_enforces_the_restricted_standard(
 
     ns, cp = k8s_namespace, operator.cp
     restrict_namespace(kube_api, ns)
+    core = client.CoreV1Api(kube_api)
+    # An image pull Secret reaches a pipeline only once opened to it (docs/security.md).
+    core.create_namespaced_secret(ns, {"metadata": {"name": "registry", "annotations": {OPT_IN: "minimal"}},
+                                       "type": "kubernetes.io/dockerconfigjson",
+                                       "stringData": {".dockerconfigjson": '{"auths": {}}'}})
     doc = example_manifest("minimal.yaml", kafka_bootstrap, **{
         "source.topic": unique_topic("restricted", ns),
         "dedup.podTemplate": {"labels": {"team": "data"}, "env": [{"name": "TEAM", "value": "data"}]},
         "imagePullSecrets": [{"name": "registry"}]})
     kubectl_apply(cp, ns, doc)
-    core = client.CoreV1Api(kube_api)
 
     def ready():
         refused = [e.message for e in core.list_namespaced_event(
@@ -379,8 +384,9 @@ def test_spark_application_state_maps_to_processing_ready(operator, kube_api, ka
     kubectl_apply(cp, ns, doc)
     custom = client.CustomObjectsApi(kube_api)
     app = wait_for(lambda: _spark_app(custom, ns), 60, what="SparkApplication")
-    role = client.RbacAuthorizationV1Api(kube_api).read_namespaced_role("payments-spark", ns)
-    assert role.metadata.owner_references[0].name == "payments"
+    # The driver's rights: the chart's ClusterRole, bound here, never a Role the operator holds.
+    binding = client.RbacAuthorizationV1Api(kube_api).read_namespaced_role_binding("payments-spark-driver", ns)
+    assert binding.metadata.owner_references[0].name == "payments" and binding.role_ref.kind == "ClusterRole"
     assert app["spec"]["driver"]["serviceAccount"] == "payments-spark"
     assert app["metadata"]["ownerReferences"][0]["name"] == "payments"
     assert app["spec"]["type"] == "Python" and app["spec"]["restartPolicy"]["type"] == "OnFailure"
