@@ -53,6 +53,8 @@ def test_defaults():
     ({"source.topic": "bad topic!"}, "pattern"),
     ({"dedup.window": "2d"}, "pattern"),
     ({"dedup.window": "200h"}, "dedup.window must not exceed source.retention"),
+    ({"dedup.window": "0s"}, "dedup.window must be above 0: a zero window catches no duplicate"),
+    ({"dedup.window": "0h0m0.0s"}, "dedup.window must be above 0"),
     ({"dedup.key": {"from": "jsonField"}}, "dedup.key.name is required"),
     ({"dedup.replicas": "two"}, "valid integer"),
     ({"dedup.replicas": 1000}, "dedup.replicas must not exceed source.partitions"),
@@ -64,6 +66,10 @@ def test_defaults():
 def test_rejects(over, message):
     with pytest.raises(ValidationError, match=message):
         PipelineSpec.model_validate(_spec(**over))
+
+
+def test_the_smallest_window_is_accepted():
+    assert PipelineSpec.model_validate(_spec(**{"dedup.window": "1ms"})).dedup.window == "1ms"
 
 
 def test_parse_duration():
@@ -127,6 +133,7 @@ def test_fields_that_cannot_change_have_transition_rules():
 
 @pytest.mark.parametrize("over", [
     {"dedup.window": "200h"},
+    {"dedup.window": "0s"},
     {"dedup.key": {"from": "jsonField"}},
     {"dedup.key": {"from": "header"}},
     {"sink": {}},

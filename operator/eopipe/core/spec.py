@@ -74,6 +74,7 @@ class SourceSpec(Model):
 # What the API server says when a rule fails; the checks below raise the same text.
 WINDOW_MESSAGE = ("dedup.window must not exceed source.retention: "
                   "a state rebuild replays the source over the window")
+ZERO_WINDOW_MESSAGE = "dedup.window must be above 0: a zero window catches no duplicate"
 PROCESSING_MESSAGE = "processing needs a sink"
 KEY_NAME_MESSAGE = "dedup.key.name is required when from is header or jsonField"
 SINK_MESSAGE = "sink needs exactly one of kafka or files"
@@ -206,6 +207,13 @@ class DedupSpec(Model):
                                 "pipeline is Degraded (LagGrowing)")
     lag_threshold_window: Duration = Field("5m", description="how long the lag must stay above lagThreshold")
 
+    @field_validator("window")
+    @classmethod
+    def _some_window(cls, v: str):
+        if parse_duration(v).total_seconds() <= 0:
+            raise ValueError(ZERO_WINDOW_MESSAGE)
+        return v
+
 
 class LocalObjectReference(Model):
     name: str = Field(min_length=1, max_length=253,
@@ -321,6 +329,10 @@ CEL_RULES = {
     ("source", "partitions"): [
         {"rule": "self >= oldSelf",
          "message": "source.partitions may not decrease (Kafka cannot remove partitions)"},
+    ],
+    # A string that passed the schema's pattern, so duration() parses it.
+    ("dedup", "window"): [
+        {"rule": "duration(self) > duration('0s')", "message": ZERO_WINDOW_MESSAGE},
     ],
     ("dedup", "key"): [
         {"rule": "!has(self.from) || self.from == 'recordKey' || has(self.name)", "message": KEY_NAME_MESSAGE},

@@ -3,6 +3,7 @@ them, and the objects and topics the operator makes of them; no cluster and no K
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import TextIO
 
@@ -31,19 +32,117 @@ class Unreadable(Exception):
     """The file cannot be opened or read (a usage error: exit 2)."""
 
 
-def load(path: str) -> tuple[str, list]:
-    """(the name to print, the YAML documents) of a file, `-` for stdin; yaml.YAMLError if it
-    is not YAML."""
+class NotYaml(Exception):
+    """The file is not YAML; the message names the file and the line: `FILE:LINE: not YAML: ...`."""
+
+
+def read(path: str) -> tuple[str, str]:
+    """(the name to print, the text) of a file, `-` for stdin. Raises Unreadable."""
     try:
         text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
     except (OSError, UnicodeDecodeError) as e:
         raise Unreadable(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
-    return ("<stdin>" if path == "-" else path), list(yaml.safe_load_all(text))
+    return ("<stdin>" if path == "-" else path), text
+
+
+def documents(shown: str, text: str) -> list[tuple[yaml.Node, object]]:
+    """(node, value) of each YAML document: the node keeps the lines. Raises NotYaml."""
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.YAMLError as e:  # the reader refuses a control character before parsing
+        raise NotYaml(not_yaml(shown, text, e)) from None
+    try:
+        out = []
+        while loader.check_node():
+            node = loader.get_node()
+            out.append((node, loader.construct_document(node)))
+        return out
+    except yaml.YAMLError as e:
+        raise NotYaml(not_yaml(shown, text, e)) from None
+    finally:
+        loader.dispose()
+
+
+def load(path: str) -> tuple[str, list]:
+    """(the name to print, the YAML documents) of a file, `-` for stdin. Raises Unreadable, NotYaml."""
+    shown, text = read(path)
+    return shown, [doc for _, doc in documents(shown, text)]
+
+
+def not_yaml(shown: str, text: str, e: yaml.YAMLError) -> str:
+    """`FILE:LINE: not YAML: <problem>`, at the line where the parser stopped, with the start of the
+    construct it was reading (PyYAML names the string, `<unicode string>`, not the file)."""
+    mark = getattr(e, "problem_mark", None)
+    if mark is None and isinstance(getattr(e, "position", None), int):  # a ReaderError: an offset only
+        line = text.count("\n", 0, e.position) + 1
+        return f"{shown}:{line}: not YAML: {str(e).splitlines()[0]}"
+    if mark is None:
+        return f"{shown}: not YAML: {' '.join(str(e).split())}"
+    what = f"{e.problem or e.context} at column {mark.column + 1}"
+    if e.context and e.context_mark is not None:
+        what += f" ({e.context} at line {e.context_mark.line + 1}, column {e.context_mark.column + 1})"
+    elif e.context:
+        what = f"{e.context}: {what}"
+    return f"{shown}:{mark.line + 1}: not YAML: {what}"
+
+
+def line_of(node: yaml.Node, path) -> int:
+    """The line (from 1) of the deepest field of `path` (`("spec", "dedup", 0)`) the document
+    has, else the document's first. Of a key given twice the last, whose value YAML keeps."""
+    line = node.start_mark.line + 1
+    for step in path:
+        if isinstance(node, yaml.MappingNode):
+            found = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == str(step)]
+            if not found:
+                break
+            key, node = found[-1]
+            line = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and 0 <= step < len(node.value):
+            node = node.value[step]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def field_path(problem: str) -> tuple:
+    """Where a problem is: its own path (manifest.Problem), else the `spec.a[k].b: ` it opens
+    with (the tenant policy's refusals), else the document."""
+    if isinstance(problem, manifest.Problem):
+        return problem.path
+    head = re.match(r"((?:spec|metadata)(?:\.[A-Za-z0-9_]+|\[[^\]]*\])*): ", problem)
+    if head is None:
+        return ()
+    return tuple(int(i) if i.isdigit() else i or key
+                 for key, i in re.findall(r"\.?([A-Za-z0-9_]+)|\[([^\]]*)\]", head.group(1)))
+
+
+def dotted(path) -> str:
+    """("spec", "env", 0, "name") as the API server writes it: spec.env[0].name."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def duplicates(node: yaml.Node, path: tuple = ()) -> list[manifest.Problem]:
+    """A field given twice in one mapping: YAML keeps the last silently, the API server's strict
+    decoding refuses it."""
+    out = []
+    if isinstance(node, yaml.MappingNode):
+        seen = set()
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge" else None
+            if name is not None and name in seen:
+                out.append(manifest.Problem(f'duplicate field "{dotted((*path, name))}"', (*path, name)))
+            seen.add(name)
+            out += duplicates(value, (*path, name))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out += duplicates(item, (*path, i))
+    return out
 
 
 def _label(doc, index: int) -> str:
     meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-    return f"{doc.get('kind')}/{meta.get('name') or f'(document {index + 1})'}"
+    return f"{doc.get('kind') or '(no kind)'}/{meta.get('name') or f'(document {index + 1})'}"
 
 
 def load_policy(path: str | None) -> policy.TenantPolicy:
@@ -53,48 +152,69 @@ def load_policy(path: str | None) -> policy.TenantPolicy:
         return policy.TenantPolicy()
     try:
         _, docs = load(path)
+    except NotYaml as e:
+        raise Unreadable(f"--policy {e}") from None
+    try:
         doc = docs[0] if docs else None
         doc = doc.get("tenantPolicy", doc) if isinstance(doc, dict) else doc
         if doc is not None and not isinstance(doc, dict):
             raise ValueError("not a mapping")
         return policy.parse(doc)
-    except (yaml.YAMLError, ValueError) as e:
+    except ValueError as e:
         raise Unreadable(f"--policy {path}: {' '.join(str(e).split())}") from None
+
+
+def problems_of(node: yaml.Node, doc: dict, tenant_policy: policy.TenantPolicy,
+                allowed_registries: tuple[str, ...] = ()) -> list[str]:
+    """What the API server, then the tenant policy, refuse of a document that is (or was meant
+    as) a pipeline; [] if it may be applied."""
+    if (wrong_kind := manifest.kind_problem(doc)) is not None:
+        return [wrong_kind]
+    if repeated := duplicates(node):  # a strict decoding error: the API server checks nothing more
+        return repeated
+    try:
+        return policy.refusals(manifest.parse(doc).spec, tenant_policy, allowed_registries)
+    except manifest.Invalid as e:
+        return e.problems
 
 
 def validate(paths: list[str], out: TextIO = sys.stdout, tenant_policy: policy.TenantPolicy | None = None,
              allowed_registries: tuple[str, ...] = ()) -> int:
-    """Prints `FILE: <kind>/<name>: valid` or one line per problem, the tenant policy's refusals
-    among them (Secrets need a cluster: not checked); 0 if all valid, 1 if not. Raises Unreadable."""
+    """Prints `FILE: <kind>/<name>: valid` or one line per problem, `FILE:LINE: <kind>/<name>:
+    <problem>`, the tenant policy's refusals among them (Secrets need a cluster: not checked);
+    a file without a pipeline is a problem too. 0 if all valid, 1 if not. Raises Unreadable."""
     tenant_policy = tenant_policy or policy.TenantPolicy()
     status = VALID
     for path in paths:
+        shown, text = read(path)
         try:
-            shown, docs = load(path)
-        except yaml.YAMLError as e:
-            print(f"{path}: not YAML: {' '.join(str(e).split())}", file=out)
+            docs = documents(shown, text)
+        except NotYaml as e:
+            print(e, file=out)
             status = INVALID
             continue
-        for i, doc in enumerate(docs):
+        pipelines = 0
+        for i, (node, doc) in enumerate(docs):
             if doc is None:
                 continue
             if not isinstance(doc, dict):
                 print(f"{shown}: document {i + 1}: skipped, not a Kubernetes object", file=out)
                 continue
             label = _label(doc, i)
-            if not manifest.is_pipeline(doc):
+            if not manifest.is_pipeline(doc) and manifest.kind_problem(doc) is None:
                 print(f"{shown}: {label}: skipped, not an {KIND}", file=out)
                 continue
-            try:
-                problems = policy.refusals(manifest.parse(doc).spec, tenant_policy, allowed_registries)
-            except manifest.Invalid as e:
-                problems = e.problems
+            pipelines += 1
+            problems = problems_of(node, doc, tenant_policy, allowed_registries)
             for problem in problems:
-                print(f"{shown}: {label}: {problem}", file=out)
+                print(f"{shown}:{line_of(node, field_path(problem))}: {label}: {problem}", file=out)
             if problems:
                 status = INVALID
             else:
                 print(f"{shown}: {label}: valid", file=out)
+        if not pipelines:  # a manifest that checks nothing is a mistake (an empty file, the wrong file)
+            print(f"{shown}: no {KIND} in it", file=out)
+            status = INVALID
     return status
 
 
@@ -125,8 +245,8 @@ def render_file(path: str, namespace: str | None, settings: Settings, out: TextI
     problems on `err`) if a pipeline is invalid. Raises Unreadable."""
     try:
         shown, docs = load(path)
-    except yaml.YAMLError as e:
-        print(f"{path}: not YAML: {' '.join(str(e).split())}", file=err)
+    except NotYaml as e:
+        print(e, file=err)
         return INVALID
     rendered, status = [], VALID
     for i, doc in enumerate(docs):
