@@ -6,7 +6,8 @@
 # and argocd-health (hack/argocd-health: argocd/health.lua run by Argo CD's own code, its module
 # pinned in hack/argocd-health/go.mod); and for the node tier's cluster add-ons, CoreDNS
 # (github.com/coredns/coredns) and local-path-provisioner (github.com/rancher/local-path-provisioner,
-# the dynamic PV provisioner kind ships), each run there as a pod from a one-binary image.
+# the dynamic PV provisioner kind ships), and kube-network-policies (sigs.k8s.io/kube-network-policies,
+# the NetworkPolicy agent kind's kindnetd embeds), each run there as a pod from a one-binary image.
 #
 # Idempotent: each tool lands in $EOPIPE_CACHE/tools-<name>-<version>/bin/<name> (for
 # argocd-health the version is a hash of hack/argocd-health/, so an edit there rebuilds it);
@@ -17,7 +18,7 @@
 # per line, in the order asked: helm, kubeconform, promtool, toxiproxy, argocd-health by
 # default), progress on stderr.
 #
-# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy|argocd-health|coredns|local-path-provisioner ...]
+# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy|argocd-health|coredns|local-path-provisioner|kube-network-policies ...]
 #   (default: the first five; the node tier asks for the add-ons)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -30,6 +31,9 @@ PROMTOOL_VERSION="${PROMTOOL_VERSION:-v0.316.0}"
 TOXIPROXY_VERSION="${TOXIPROXY_VERSION:-v2.5.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.14.7}"
 LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
+# The version kind v0.28.0 to v0.31.0 build into kindnetd (images/kindnetd/go.mod there). The proxy
+# may refuse version lists: name an exact version.
+KUBE_NETWORK_POLICIES_VERSION="${KUBE_NETWORK_POLICIES_VERSION:-v0.8.0}"
 
 tool_version() {
   case "$1" in
@@ -40,7 +44,8 @@ tool_version() {
     argocd-health) echo "src-$(source_hash "$REPO_ROOT/hack/argocd-health")" ;;
     coredns) echo "$COREDNS_VERSION" ;;
     local-path-provisioner) echo "$LOCAL_PATH_VERSION" ;;
-    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy, argocd-health, coredns, local-path-provisioner)" >&2; exit 2 ;;
+    kube-network-policies) echo "$KUBE_NETWORK_POLICIES_VERSION" ;;
+    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy, argocd-health, coredns, local-path-provisioner, kube-network-policies)" >&2; exit 2 ;;
   esac
 }
 
@@ -62,6 +67,9 @@ tool_package() {
     argocd-health) echo "./hack/argocd-health" ;;
     coredns) echo "github.com/coredns/coredns" ;;
     local-path-provisioner) echo "github.com/rancher/local-path-provisioner" ;;
+    # The agent's main package is its cmd/ directory (upstream's Dockerfile: go build ./cmd),
+    # so the binary is renamed below.
+    kube-network-policies) echo "sigs.k8s.io/kube-network-policies/cmd" ;;
   esac
 }
 
@@ -94,7 +102,7 @@ tool_ldflags() {
       ;;
     kubeconform) echo "-s -w -X main.version=$KUBECONFORM_VERSION" ;;
     toxiproxy) echo "-s -w -X github.com/Shopify/toxiproxy/v2.Version=$TOXIPROXY_VERSION" ;;
-    argocd-health | coredns | local-path-provisioner) echo "-s -w" ;;
+    argocd-health | coredns | local-path-provisioner | kube-network-policies) echo "-s -w" ;;
     promtool)
       # `promtool --version` shows the release (v0.316.0 -> 3.16.0), as Prometheus's .promu.yml stamps it.
       local minor patch release

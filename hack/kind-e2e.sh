@@ -13,6 +13,13 @@
 #      exit status is verify's.
 # The Spark stage needs the Kubeflow Spark Operator in the cluster; `make demo` covers it on the
 # local control plane (driver SIGKILL included), this script leaves it out.
+#
+# NetworkPolicy is enforced, by the same agent as on the node tier (localenv/node/addons.py):
+# since kind v0.24.0 its default CNI, kindnetd, embeds sigs.k8s.io/kube-network-policies
+# (v0.8.0 in kind v0.28.0 to v0.31.0; kind's images/kindnetd/go.mod), so no flag is needed; a
+# cluster made with `networking.disableDefaultCNI: true` has no kindnetd and enforces nothing
+# unless its own CNI does. The script checks both. The operator's policy for the pipeline's dedup
+# pods is then in force throughout: the operator still has to reach their /status through it.
 source "$(dirname "$0")/lib.sh"
 NS=eopipe-e2e
 CLUSTER="${KIND_CLUSTER:-eopipe-e2e}"
@@ -20,8 +27,19 @@ for tool in docker kind kubectl helm; do
   command -v "$tool" >/dev/null || { echo "kind-e2e needs $tool on PATH" >&2; exit 2; }
 done
 
+KIND_MIN=v0.24.0  # the first kind whose kindnetd enforces NetworkPolicy
+kind_version="$(kind version | awk '{print $2}')"
+if [[ "$(printf '%s\n' "$KIND_MIN" "$kind_version" | sort -V | head -1)" != "$KIND_MIN" ]]; then
+  echo "kind-e2e needs kind $KIND_MIN or later (NetworkPolicy enforced by kindnetd); this is $kind_version" >&2
+  exit 2
+fi
+
 step "kind cluster $CLUSTER"
 kind get clusters | grep -qx "$CLUSTER" || kind create cluster --name "$CLUSTER" --wait 120s
+kubectl -n kube-system get daemonset kindnet >/dev/null 2>&1 || {
+  echo "kind-e2e: cluster $CLUSTER has no kindnet DaemonSet (disableDefaultCNI?): NetworkPolicy may not be enforced" >&2
+  exit 2
+}
 step "operator image"
 docker build --target operator -t eopipe:e2e "$REPO_ROOT"
 kind load docker-image eopipe:e2e --name "$CLUSTER"

@@ -8,6 +8,14 @@ CNI_BRIDGE, the pods' gateway); kube-proxy's and the CNI plugins' iptables rules
 namespace's tables; no default route leads out. Files live under STATE_DIR and RUN_DIR, pod
 cgroups under one cgroup root; `down` removes all of it (localenv/node/host.py checks).
 
+NetworkPolicy is enforced by kube-network-policies (sigs.k8s.io/kube-network-policies v0.8.0,
+the agent kind's kindnetd embeds), a DaemonSet in kube-system on the node's network
+(localenv/node/addons.py): its nftables table, in the namespace's ruleset, queues each new
+connection of a pod that a policy selects to the agent, which accepts or drops it. That needs
+the kernel's nftables `queue` statement (CONFIG_NFT_QUEUE); on a kernel without it the agent
+runs but installs nothing, and `up` says NetworkPolicy is NOT enforced, and why
+(NETPOL_STATUS; the policy test then skips with that reason).
+
     python -m localenv.node up      # make cluster
     python -m localenv.node down    # make cluster-down
 """
@@ -31,3 +39,5 @@ STATE_DIR = Path("/var/lib/eopipe-node")   # etcd, pki, containerd root, kubelet
 RUN_DIR = Path("/run/eopipe-node")         # containerd state and socket, pid file
 CNI_BIN_DIR = Path("/usr/lib/cni")         # Debian's containernetworking-plugins
 CONTAINERD_SOCK = RUN_DIR / "containerd" / "containerd.sock"
+# Whether NetworkPolicy is enforced on the node ({"enforced", "agent", "reason"}), written by serve.
+NETPOL_STATUS = RUN_DIR / "networkpolicy.json"

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from localenv import REPO_ROOT
-from localenv.node import NETNS, NODE_IP, RUN_DIR, STATE_DIR, host
+from localenv.node import NETNS, NETPOL_STATUS, NODE_IP, RUN_DIR, STATE_DIR, host
 from localenv.node.addons import KAFKA_PORT
 
 PIDFILE = RUN_DIR / "serve.pid"
@@ -109,6 +109,9 @@ def up(app_image: bool, timeout: float) -> int:
           + ", ".join(f"{k} {v}s" for k, v in steps.items()) + ")")
     for name, (ref, _) in images.items():
         print(f"  image {name}: {ref}")
+    netpol = json.loads(NETPOL_STATUS.read_text())
+    print(f"  NetworkPolicy: enforced by {netpol['agent']}" if netpol["enforced"]
+          else f"  NetworkPolicy: NOT ENFORCED: {netpol['reason']}")
     print(f"  network namespace {NETNS}; kubectl: python -m localenv.node kubectl get pods -o wide")
     print(f"  Kafka: {NODE_IP}:{KAFKA_PORT} in the namespace, kafka.kafka.svc:{KAFKA_PORT} from pods")
     print(f"  logs: {STATE_DIR / 'logs'}, {STATE_DIR / 'cp' / 'logs'}")

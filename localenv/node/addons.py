@@ -9,6 +9,14 @@ and addresses in, objects out; localenv/node/cluster.py applies them once the no
 - A second class, `shared`, from the same provisioner in its shared-filesystem mode: a directory
   every node mounts (one node here), so ReadWriteMany claims bind. It stands in for the NFS,
   CephFS, EFS or Azure Files class a cluster offers for storage that pods on several nodes share.
+- kube-network-policies (sigs.k8s.io/kube-network-policies, hack/build-tools.sh), the NetworkPolicy
+  agent kind's kindnetd embeds, as its own install.yaml runs it: a DaemonSet in kube-system on the
+  node's network (hostNetwork), with NET_ADMIN. It puts the first packet of each new connection to
+  or from a pod that a NetworkPolicy selects on an nftables queue (table `inet
+  kube-network-policies`) and accepts or drops it by the policies; the rest of the connection
+  follows (`ct state established`). Fail closed, its default: while it is not running, those
+  packets are dropped. The kernel must have nftables' `queue` statement (CONFIG_NFT_QUEUE,
+  nfnetlink_queue): localenv/node/cluster.py checks, and `up` says when it is missing.
 - Kafka's name for pods: the Service `kafka` in namespace `kafka` with no selector, its
   EndpointSlice the broker on the node address (how a cluster names a Kafka outside it), so
   `kafka.kafka.svc:9092` in a manifest is reached as written.
@@ -143,6 +151,44 @@ def local_path(image: str, helper_image: str) -> list[dict]:
     ]
 
 
+NETPOL = "kube-network-policies"
+NETPOL_QUEUE = 98          # its install.yaml's --nfqueue-id
+NETPOL_METRICS = "127.0.0.1:9080"  # its default port, on the node's loopback only
+
+
+def network_policies(image: str) -> list[dict]:
+    """The agent as its install.yaml (v0.8.0) deploys it: its RBAC (pods, namespaces and
+    NetworkPolicies, list and watch), a DaemonSet on the host network. Not privileged: NET_ADMIN
+    is all its nftables rules and its queue need (install.yaml's `privileged` serves the NRI
+    socket and /var/run/netns it mounts; the node's containerd has no NRI, so the agent takes pod
+    addresses from the API, as it does when NRI is missing). Root: the image's user is 65535."""
+    ns = "kube-system"
+    rules = [{"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["list", "watch"]},
+             {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["list", "watch"]}]
+    labels = {"app": NETPOL, "k8s-app": NETPOL, "tier": "node"}
+    container = {
+        "name": NETPOL, "image": image, "imagePullPolicy": "IfNotPresent",
+        "args": ["--hostname-override=$(MY_NODE_NAME)", "--v=2", f"--nfqueue-id={NETPOL_QUEUE}",
+                 f"--metrics-bind-address={NETPOL_METRICS}"],
+        "env": [{"name": "MY_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "resources": {"requests": {"cpu": "100m", "memory": "50Mi"}},
+        "securityContext": {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False,
+                            "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]},
+                            "seccompProfile": {"type": "RuntimeDefault"}}}
+    return [
+        _sa(NETPOL, ns), *_cluster_role(NETPOL, rules, NETPOL, ns),
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": NETPOL, "namespace": ns, "labels": labels},
+         "spec": {"selector": {"matchLabels": {"app": NETPOL}},
+                  "template": {"metadata": {"labels": labels},
+                               "spec": {"hostNetwork": True, "dnsPolicy": "ClusterFirst",
+                                        "nodeSelector": {"kubernetes.io/os": "linux"},
+                                        "tolerations": [{"operator": "Exists", "effect": "NoSchedule"}],
+                                        "priorityClassName": "system-node-critical",
+                                        "serviceAccountName": NETPOL, "containers": [container]}}}},
+    ]
+
+
 def kafka_service(broker_ip: str) -> list[dict]:
     ns, name = KAFKA_NAMESPACE, KAFKA_SERVICE
     return [
@@ -179,8 +225,12 @@ def spark_operator() -> list[dict]:
 def manifests(images: dict[str, str], broker_ip: str) -> list[dict]:
     return [*coredns(images["coredns"]),
             *local_path(images["local-path-provisioner"], images["base"]),
+            # Always built (images.ADDONS); `serve` waits for its DaemonSet, so a tier never runs
+            # without it. Optional here for callers that name only some images.
+            *(network_policies(images[NETPOL]) if NETPOL in images else []),
             *kafka_service(broker_ip), *spark_operator()]
 
 
-# What `up` waits for before it calls the node ready: (namespace, deployment).
+# What `up` waits for before it calls the node ready: (namespace, deployment), (namespace, daemonset).
 DEPLOYMENTS = (("kube-system", "coredns"), ("local-path-storage", "local-path-provisioner"))
+DAEMONSETS = (("kube-system", NETPOL),)

@@ -3,11 +3,15 @@ namespace: the control plane of localenv/controlplane.py (listening on the names
 addresses), containerd, the kubelet, kube-proxy and a Kafka broker on the node address (as a
 Kafka outside the cluster: pods reach it through the `kafka.kafka` Service). It applies the
 add-ons (localenv/node/addons.py), writes RUN_DIR/ready once the node is Ready, kube-proxy
-healthy and the add-ons available, and stops everything on SIGTERM (`down` sweeps the rest)."""
+healthy, the add-ons available and NetworkPolicy enforced (kube-network-policies' nftables rules
+in place; or, on a kernel without nftables' queue statement, why not: RUN_DIR/networkpolicy.json),
+and stops everything on SIGTERM (`down` sweeps the rest)."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -24,6 +28,7 @@ from localenv.node import (
     CNI_BIN_DIR,
     CNI_BRIDGE,
     CONTAINERD_SOCK,
+    NETPOL_STATUS,
     NODE_IP,
     NODE_NAME,
     POD_CIDR,
@@ -39,6 +44,52 @@ from localenv.pki import _client_ext, _sign, _write_kubeconfig
 CP_DIR = STATE_DIR / "cp"
 SPARK_CRD = REPO_ROOT / "localenv" / "crds" / "sparkapplications.sparkoperator.k8s.io.yaml"
 READY = RUN_DIR / "ready"
+NETPOL_TABLE = ("inet", addons.NETPOL)  # the agent's nftables table (its default name)
+# What the agent's rules need of the kernel beyond plain nftables: the `queue` statement (its
+# rule `ip daddr @podips-v4 queue to 98`), here in a throwaway table. `nft --check` has the kernel
+# validate the batch and apply none of it.
+QUEUE_PROBE = f"""table inet eopipe-queue-probe {{
+  chain postrouting {{ type filter hook postrouting priority srcnat - 5;
+    ip daddr {POD_CIDR} queue num {addons.NETPOL_QUEUE}; }}
+}}
+"""
+
+
+def _kernel_config(*names: str) -> dict[str, str]:
+    """The kernel's build settings (/proc/config.gz, when it has one): name -> y/m/'not set'."""
+    try:
+        lines = gzip.decompress(Path("/proc/config.gz").read_bytes()).decode().splitlines()
+    except OSError:
+        return {}
+    out = {}
+    for ln in lines:
+        for n in names:
+            if ln.startswith(f"{n}="):
+                out[n] = ln.split("=", 1)[1]
+            elif ln == f"# {n} is not set":
+                out[n] = "not set"
+    return out
+
+
+def nft_queue_problem() -> str | None:
+    """None when this kernel takes nftables' queue statement; else exactly why not (it is what
+    kube-network-policies passes packets to itself with; nothing else can stand in for it)."""
+    res = subprocess.run(["nft", "--check", "-f", "-"], input=QUEUE_PROBE, text=True, capture_output=True,
+                         check=False)
+    if res.returncode == 0:
+        return None
+    err = " ".join(ln.strip() for ln in res.stderr.splitlines() if "Error" in ln) or res.stderr.strip()
+    conf = _kernel_config("CONFIG_NFT_QUEUE", "CONFIG_NETFILTER_NETLINK_QUEUE", "CONFIG_MODULES")
+    why = ", ".join(f"{k}={v}" for k, v in conf.items()) or "no /proc/config.gz to say why"
+    return (f"kernel {os.uname().release} refuses nftables' queue statement, which kube-network-policies' "
+            f"rules use to hand it each new connection of a pod a NetworkPolicy selects: "
+            f"`nft --check` of `queue num {addons.NETPOL_QUEUE}`: {err} ({why}); the agent runs but "
+            f"cannot install its table, so NetworkPolicy is NOT enforced on this node")
+
+
+def nft_table_present() -> bool:
+    return subprocess.run(["nft", "list", "table", *NETPOL_TABLE], capture_output=True,
+                          check=False).returncode == 0
 
 
 class NodeControlPlane(ControlPlane):
@@ -144,9 +195,25 @@ class Node:
         self._start_spark_operator()
         for ns, name in addons.DEPLOYMENTS:
             self._wait(f"deployment {ns}/{name} available", lambda: self._available(ns, name), 120)
+        for ns, name in addons.DAEMONSETS:
+            self._wait(f"daemonset {ns}/{name} available", lambda: self._available(ns, name, "daemonset"), 120)
+        self._network_policy()
         self.kafka._wait_ready(time.monotonic() + 90)
         self.timings["add-ons and Kafka"] = time.monotonic() - t
         self.timings["total"] = time.monotonic() - t0
+
+    def _network_policy(self) -> None:
+        """Waits for kube-network-policies' table (it writes it at start, whether or not there
+        are policies), or records that this kernel cannot take its rules. Either way `up` says
+        which; a kernel that takes them and no table is a failed start."""
+        agent = f"{addons.NETPOL} (DaemonSet kube-system/{addons.NETPOL}, nfqueue {addons.NETPOL_QUEUE})"
+        problem = nft_queue_problem()
+        if problem is None:
+            self._wait(f"{addons.NETPOL}'s nftables table {' '.join(NETPOL_TABLE)}", nft_table_present, 60)
+        NETPOL_STATUS.write_text(json.dumps({"enforced": problem is None, "agent": agent,
+                                             "reason": problem or ""}) + "\n")
+        if problem:
+            print(f"WARNING: {problem}", flush=True)
 
     def _start_spark_operator(self) -> None:
         """The Spark Operator's part: its CRD, and the runner that submits to the cluster with
@@ -172,8 +239,9 @@ class Node:
         if res.returncode != 0:
             raise ControlPlaneError(f"applying the add-ons failed: {res.stderr}")
 
-    def _available(self, ns: str, name: str) -> bool:
-        r = self.kubectl("-n", ns, "get", "deployment", name, "-o", "jsonpath={.status.availableReplicas}")
+    def _available(self, ns: str, name: str, kind: str = "deployment") -> bool:
+        field = "numberAvailable" if kind == "daemonset" else "availableReplicas"
+        r = self.kubectl("-n", ns, "get", kind, name, "-o", f"jsonpath={{.status.{field}}}")
         return r.returncode == 0 and r.stdout.strip() not in ("", "0")
 
     def _node_ready(self) -> bool:
@@ -235,4 +303,5 @@ def serve(images: dict[str, str], archives: list[Path]) -> int:
         return 0
     finally:
         READY.unlink(missing_ok=True)
+        NETPOL_STATUS.unlink(missing_ok=True)
         node.stop()

@@ -38,6 +38,8 @@ KUBELET_DEVICE_SOCK = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 # command -> Debian package: installed when missing (apt-get), never anything else.
 PACKAGES = {"containerd": "containerd", "runc": "runc", "buildah": "buildah",
             "mmdebstrap": "mmdebstrap", "iptables-save": "iptables", "nsenter": "util-linux",
+            # `nft`: the check that the kernel takes kube-network-policies' rules, and that they are in.
+            "nft": "nftables",
             "/usr/lib/cni/bridge": "containernetworking-plugins"}
 
 

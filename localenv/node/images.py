@@ -1,8 +1,8 @@
 """The node tier's images, built with no registry and cached by a content hash of their inputs
 under $EOPIPE_CACHE/node-images (docs/design.md#the-local-environment):
 
-- pause: localenv/node/pause/main.go built static, the image's only file; CoreDNS and
-  local-path-provisioner (hack/build-tools.sh) the same way.
+- pause: localenv/node/pause/main.go built static, the image's only file; CoreDNS,
+  local-path-provisioner and kube-network-policies (hack/build-tools.sh) the same way.
 - base: `mmdebstrap --variant=minbase bookworm` with python3 and python3-venv, and a venv on
   PATH (Debian's python refuses pip installs outside one, PEP 668). It stands in for the
   python slim image a user's build starts FROM.
@@ -38,7 +38,7 @@ BUILD_JAVA_TRUST = "/run/eopipe-build/cacerts"
 SPARK_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "spark_app", "hack/lib.sh",
                 "hack/fetch-spark-jars.sh", "hack/spark-version.sh", "hack/spark/pom.xml",
                 "hack/spark/entrypoint.sh")
-ADDONS = ("coredns", "local-path-provisioner")
+ADDONS = ("coredns", "local-path-provisioner", "kube-network-policies")
 
 
 def _hash(*parts: bytes) -> str:
@@ -100,7 +100,8 @@ class Buildah:
 
 def _binary_image(b: Buildah, name: str, binary: Path, key: str) -> tuple[str, Path]:
     """An image whose only file is one static binary, its entrypoint, run as 65535 (the pause
-    image, and the node's add-ons: CoreDNS, local-path-provisioner). Cached by `key`."""
+    image, and the node's add-ons: CoreDNS, local-path-provisioner, kube-network-policies, whose
+    DaemonSet runs it as root). Cached by `key`."""
     ref = f"localhost/eopipe-{name}:{key}"
     dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
     if dest.exists():
@@ -128,8 +129,8 @@ def pause_image(b: Buildah) -> tuple[str, Path]:
 
 
 def addon_images(b: Buildah) -> dict[str, tuple[str, Path]]:
-    """CoreDNS and local-path-provisioner from hack/build-tools.sh (cached by version), each
-    in an image keyed by the hash of its binary."""
+    """CoreDNS, local-path-provisioner and kube-network-policies from hack/build-tools.sh
+    (cached by version), each in an image keyed by the hash of its binary."""
     out = subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), *ADDONS], check=True, text=True,
                          stdout=subprocess.PIPE).stdout.split()
     images = {}
@@ -227,7 +228,7 @@ def base_archive(b: Buildah) -> tuple[str, Path]:
 
 
 def ensure_images(app: bool = True, spark: bool = False) -> dict[str, tuple[str, Path]]:
-    """{"pause", "base", "coredns", "local-path-provisioner", "app", "spark"}: (ref, archive),
+    """{"pause", "base", *ADDONS, "app", "spark"}: (ref, archive),
     built once, then from the cache. Without app, only what a Ready node with its add-ons needs."""
     CACHE.mkdir(parents=True, exist_ok=True)
     b = Buildah()

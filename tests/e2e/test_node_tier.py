@@ -15,14 +15,19 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 
+from eopipe.control.builders import access as access_builders
+from eopipe.control.builders import dedup as dedup_builders
+from eopipe.core.names import LABEL_PIPELINE, Names
 from eopipe.core.processing import DEFAULT_MOUNT_PATH as MOUNT_PATH
+from eopipe.core.spec import PipelineSpec
 from localenv import REPO_ROOT
-from localenv.node import NETNS, NODE_NAME, POD_CIDR, RUN_DIR
+from localenv.node import NETNS, NETPOL_STATUS, NODE_NAME, POD_CIDR, RUN_DIR
 from localenv.node.__main__ import kill_container, kubectl_argv
 from localenv.node.host import KUBELET_SYSCTLS, shim_sockets
 from tests.helpers import nodetier
@@ -38,6 +43,7 @@ from tests.helpers.nodetier import (
     log,
     shell_env,
     tag_image,
+    tcp_probe,
     topics,
     wait,
 )
@@ -438,6 +444,82 @@ def _read_parquet_in_a_pod(image: str, ns: str, claim: str, example: dict) -> li
     out = kubectl("-n", ns, "logs", "parquet-reader", timeout=60)
     assert phase == "Succeeded", out[-3000:]
     return parse_rows(out)
+
+
+# The chart's operator pod labels (charts/eopipe/templates/_helpers.tpl, release `eopipe`).
+OPERATOR_LABELS = {"app.kubernetes.io/name": "eopipe", "app.kubernetes.io/instance": "eopipe",
+                   "app.kubernetes.io/component": "operator"}
+
+
+def test_network_policy_of_a_pipeline_holds(node_tier):
+    """The operator's NetworkPolicy for a pipeline's dedup pods (access.network_policy, its own
+    builder), enforced on the node by kube-network-policies: a pod listening as a dedup pod does
+    (the StatefulSet builder's labels and named port `http`) is reached by a pod of its pipeline
+    and by the operator's pod, not by an unlabelled pod of its namespace nor by a pod with the
+    pipeline's label in another namespace; without the policy, by all four (before it is made,
+    and again once it is deleted)."""
+    status = json.loads(NETPOL_STATUS.read_text())
+    if not status["enforced"]:
+        pytest.skip(status["reason"])
+    t0 = time.monotonic()
+    ns, other_ns, operator_ns, pipeline = "np-team", "np-other", "np-operator", "np"
+    names = Names(ns, pipeline, PipelineSpec.model_validate(
+        {"kafka": {"bootstrapServers": "kafka.kafka.svc:9092"}, "source": {"topic": "np", "partitions": 1}}))
+    template = dedup_builders.statefulset(names, node_tier["app"])["spec"]["template"]
+    port = template["spec"]["containers"][0]["ports"][0]
+    assert port["name"] == "http"
+    peers = access_builders.PolicyPeers(operator_ns, tuple(OPERATOR_LABELS.items()))
+    policy = access_builders.network_policy(names, peers)
+
+    def pod(name: str, pod_ns: str, labels: dict, command: list[str], ports: list | None = None) -> dict:
+        container = {"name": "c", "image": node_tier["app"], "imagePullPolicy": "Never", "command": command,
+                     **({"ports": ports} if ports else {})}
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": pod_ns, "labels": labels},
+                "spec": {"terminationGracePeriodSeconds": 0, "containers": [container]}}
+    sleep = ["sleep", "3600"]
+    clients = {  # name -> (namespace, allowed by the policy)
+        "own": (ns, True), "operator": (operator_ns, True), "unlabelled": (ns, False), "other-ns": (other_ns, False)}
+    objs = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in (ns, other_ns, operator_ns)]
+    objs += [pod("dedup", ns, template["metadata"]["labels"],
+                 ["python", "-m", "http.server", str(port["containerPort"])], [port]),
+             pod("own", ns, {LABEL_PIPELINE: pipeline}, sleep),
+             pod("operator", operator_ns, OPERATOR_LABELS, sleep),
+             pod("unlabelled", ns, {}, sleep),
+             pod("other-ns", other_ns, {LABEL_PIPELINE: pipeline}, sleep)]
+    try:
+        kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+        for n in (ns, other_ns, operator_ns):
+            kubectl("-n", n, "wait", "pod", "--all", "--for=condition=Ready", "--timeout=120s", timeout=150)
+        ip = kubectl("-n", ns, "get", "pod", "dedup", "-o", "jsonpath={.status.podIP}")
+
+        def probe_all() -> dict[str, str]:
+            with ThreadPoolExecutor(len(clients)) as ex:
+                futs = {c: ex.submit(tcp_probe, cns, c, ip, port["containerPort"]) for c, (cns, _) in clients.items()}
+                return {c: f.result() for c, f in futs.items()}
+
+        def all_connect() -> dict[str, str] | None:
+            r = probe_all()
+            return r if set(r.values()) == {"connected"} else None
+
+        # Without a policy every client connects (the server listens, the probes work); the
+        # http.server may take a moment to bind.
+        before = wait(all_connect, 30, "every client to connect before the policy")
+        log(f"network policy: no policy: {before}")
+        kubectl("apply", "-f", "-", input=json.dumps(policy))
+        t = time.monotonic()
+        wait(lambda: tcp_probe(ns, "unlabelled", ip, port["containerPort"]) != "connected", 30,
+             "the policy to take effect (the unlabelled pod refused)", interval=0.5)
+        log(f"network policy: in force {time.monotonic() - t:.1f}s after it was made")
+        during = probe_all()
+        log(f"network policy: {policy['metadata']['name']} in force: {during}")
+        for c, (_, allowed) in clients.items():
+            assert (during[c] == "connected") == allowed, (c, during, policy)
+        kubectl("-n", ns, "delete", "networkpolicy", policy["metadata"]["name"])
+        after = wait(all_connect, 30, "every client to connect again once the policy is deleted", interval=0.5)
+        log(f"network policy: deleted: {after}")
+    finally:
+        kubectl("delete", "namespace", ns, other_ns, operator_ns, "--wait=false", check=False)
+    log(f"network policy test: {time.monotonic() - t0:.0f}s")
 
 
 def test_down_leaves_nothing_behind(node_tier):

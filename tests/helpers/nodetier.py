@@ -79,6 +79,25 @@ def topics() -> set[str]:
     return set(out.split())
 
 
+# Run in a pod by `kubectl exec`: one TCP connection attempt, bounded; prints how it ended.
+TCP_PROBE = """import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=float(sys.argv[3])).close()
+    print("connected")
+except TimeoutError:
+    print("timeout")
+except OSError as e:
+    print(f"refused: {e}")
+"""
+
+
+def tcp_probe(ns: str, pod: str, ip: str, port: int, timeout: float = 2.0) -> str:
+    """From inside the pod `ns/pod` (its python): "connected", "timeout" or "refused: ..."."""
+    out = kubectl("-n", ns, "exec", pod, "--", "python", "-c", TCP_PROBE, ip, str(port), str(timeout),
+                  timeout=timeout + 30)
+    return out.strip()
+
+
 def wait(fn, timeout: float, what: str, interval: float = 1.0):
     deadline = time.monotonic() + timeout
     while True:
