@@ -47,8 +47,10 @@ def refused(s: PipelineSpec, p: dict | None = None, registries=()) -> list[str]:
     (spec(processing={"sparkConf": {"spark.executorEnv.PYTHONPATH": "/x"}}), None, ["executorEnv.PYTHONPATH]"]),
     (spec(processing={"sparkConf": {"spark.hadoop.fs.s3a.impl": "x.Y"}}), None, ["fs.s3a.impl]"]),
     (spec(processing={"sparkConf": {"spark.sql.shuffle.partitions": "4",
-                                    "spark.kubernetes.executor.request.cores": "250m",
-                                    "spark.kubernetes.driver.label.team": "a"}}), None, []),
+                                    "spark.kubernetes.executor.request.cores": "250m"}}), None, []),
+    # A label could put the driver into another pipeline's NetworkPolicy.
+    (spec(processing={"sparkConf": {"spark.kubernetes.driver.label.eopipe.dev/pipeline": "other"}}), None,
+     ["label.eopipe.dev/pipeline]"]),
     # The admin may allow more, and then the image and env rules still apply inside sparkConf.
     (spec(processing={"sparkConf": {"spark.executorEnv.LD_PRELOAD": "/x", "spark.executorEnv.TEAM": "a"}}),
      {"spark": {"allowedConf": ["spark.executorEnv.*"]}}, ["executorEnv.LD_PRELOAD]: environment variable LD_PRELOAD"]),

@@ -27,7 +27,8 @@ from eopipe.core.kafkaconf import SecretNotOpen, opened_to
 
 # Spark settings that run code, read files, change identity or reach past the pipeline's pods.
 # spark.kubernetes.* decides images, volumes (hostPath), pod templates, the namespace, the
-# service account and the driver's env: denied as a family, with the few harmless ones allowed.
+# service account, the driver's env, pod labels and annotations: denied as a family, with the few
+# harmless ones (resources, allocation pace) allowed.
 DENIED_SPARK_CONF = (
     "spark.kubernetes.*", "*.extraJavaOptions", "*.extraClassPath", "*.extraLibraryPath",
     "spark.jars", "spark.jars.*", "spark.plugins", "spark.plugins.*", "spark.*Env.*", "spark.files",
@@ -43,9 +44,7 @@ ALLOWED_SPARK_CONF = (
     "spark.kubernetes.executor.limit.cores", "spark.kubernetes.driver.limit.cores",
     "spark.kubernetes.memoryOverheadFactor", "spark.kubernetes.allocation.batch.size",
     "spark.kubernetes.allocation.batch.delay", "spark.kubernetes.executor.deleteOnTermination",
-    "spark.kubernetes.driver.label.*", "spark.kubernetes.executor.label.*",
-    "spark.kubernetes.driver.annotation.*", "spark.kubernetes.executor.annotation.*",
-)
+)  # not labels (another pipeline's NetworkPolicy selects by them) nor annotations (AppArmor, sidecars)
 # Hadoop settings that load classes or pick credentials the tenant did not bring.
 DENIED_HADOOP_CONF = ("*.impl", "*credentials.provider*", "hadoop.security.*", "*.assumed.role.*")
 # Names an interpreter, a loader or a client acts on before any code of ours runs.
