@@ -14,10 +14,9 @@ and control/tokens.py).
 
 from __future__ import annotations
 
-from eopipe.core.names import LABEL_MANAGED_BY, LABEL_PIPELINE
+from eopipe.core.names import LABEL_MANAGED_BY, LABEL_PIPELINE, MANAGED_BY
 
 CREATE, UPDATE, CONFLICT = "create", "update", "conflict"
-MANAGED_BY = "eopipe-operator"  # Names.labels' managed-by value
 
 
 class ObjectConflict(Exception):

@@ -16,6 +16,7 @@ LABEL_APP = "app.kubernetes.io/name"
 LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "eopipe-operator"  # its value on every object the operator makes
 LABEL_PIPELINE = "eopipe.dev/pipeline"
 
 # The longest pipeline name that every derived Kubernetes name has room for (admission refuses
@@ -119,7 +120,7 @@ class Names:
 
     def labels(self, component: str) -> dict[str, str]:
         return {LABEL_APP: "eopipe", LABEL_INSTANCE: self.pipeline, LABEL_COMPONENT: component,
-                LABEL_MANAGED_BY: "eopipe-operator", LABEL_PIPELINE: self.pipeline}
+                LABEL_MANAGED_BY: MANAGED_BY, LABEL_PIPELINE: self.pipeline}
 
     def selector(self, component: str) -> dict[str, str]:
         return {LABEL_PIPELINE: self.pipeline, LABEL_COMPONENT: component}
