@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export EOPIPE_CACHE ?= $(HOME)/.cache/eopipe
 
-.PHONY: help deps venv kafka k8s tools spark-jars test test-unit test-fast test-node cluster cluster-down soak demo bench bench-peers kind-e2e clean
+.PHONY: help deps venv kafka k8s tools spark-jars test test-unit test-integration test-e2e test-fast test-node cluster cluster-down soak demo bench bench-peers kind-e2e clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -43,6 +43,12 @@ test: deps ## the whole test suite: unit, integration (real Kafka, control plane
 
 test-unit: $(VENV)/.installed-unit ## the unit tier alone: no services, no Kafka, Java or Go (under a minute)
 	$(PY) -m pytest tests/unit
+
+test-integration: deps ## the integration tier: real Kafka, control plane, Spark and chart tools, no node tier
+	$(PY) -m pytest tests/integration
+
+test-e2e: deps ## end to end on the process tier (control plane, workers, operator); the node tier's tests excluded
+	$(PY) -m pytest tests/e2e -m "not node"
 
 test-fast: deps ## everything but the long fault tests
 	$(PY) -m pytest -m "not slow"

@@ -1,3 +1,7 @@
+import time
+from collections import defaultdict
+from pathlib import Path
+
 import pytest
 
 pytest_plugins = [
@@ -17,3 +21,47 @@ def pipe(kafka_bootstrap, tmp_path):
     p = Pipeline(kafka_bootstrap, tmp_path)
     yield p
     p.stop_all()
+
+
+# A test's markers follow the real parts its fixtures start, so `-m kafka` or `-m "not spark"`
+# selects by what must run rather than by what each module remembered to declare.
+_PARTS = {
+    "kafka": {"kafka", "kafka_bootstrap", "kafka3", "kafka3_cluster", "pipe"},
+    "k8s": {"control_plane", "kube_api", "k8s_namespace", "crds", "operator", "node_agent"},
+    "spark": {"spark_jars", "spark_driver", "spark_runner"},
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        used = set(item.fixturenames)
+        for mark, fixtures in _PARTS.items():
+            if used & fixtures:
+                item.add_marker(mark)
+
+
+# Wall time per tier (tests/<tier>/...), setup and teardown included, printed at the end so the
+# CI log carries what README's test-time table reports.
+_TIER_SECONDS: dict[str, float] = defaultdict(float)
+_TIER_TESTS: dict[str, set] = defaultdict(set)
+_TESTS_DIR = Path(__file__).resolve().parent
+
+
+def pytest_runtest_logreport(report):
+    parts = Path(report.fspath).resolve().relative_to(_TESTS_DIR).parts if report.fspath else ()
+    tier = parts[0] if len(parts) > 1 else "other"
+    _TIER_SECONDS[tier] += report.duration
+    _TIER_TESTS[tier].add(report.nodeid)
+
+
+_STARTED = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _TIER_SECONDS:
+        return
+    terminalreporter.section("time per tier")
+    for tier in sorted(_TIER_SECONDS, key=_TIER_SECONDS.get, reverse=True):
+        terminalreporter.write_line(
+            f"{tier:<12} {len(_TIER_TESTS[tier]):>5} tests {_TIER_SECONDS[tier]:>8.0f} s")
+    terminalreporter.write_line(f"{'session':<12} {'':>11} {time.monotonic() - _STARTED:>8.0f} s")
