@@ -7,7 +7,9 @@
 # pinned in hack/argocd-health/go.mod); and for the node tier's cluster add-ons, CoreDNS
 # (github.com/coredns/coredns) and local-path-provisioner (github.com/rancher/local-path-provisioner,
 # the dynamic PV provisioner kind ships), and kube-network-policies (sigs.k8s.io/kube-network-policies,
-# the NetworkPolicy agent kind's kindnetd embeds), each run there as a pod from a one-binary image.
+# the NetworkPolicy agent kind's kindnetd embeds), each run there as a pod from a one-binary image;
+# and spark-operator (github.com/kubeflow/spark-operator/v2, cmd/operator: the Kubeflow Spark
+# Operator's controller and webhook, run on the node tier from its own Helm chart).
 #
 # Idempotent: each tool lands in $EOPIPE_CACHE/tools-<name>-<version>/bin/<name> (for
 # argocd-health the version is a hash of hack/argocd-health/, so an edit there rebuilds it);
@@ -18,7 +20,7 @@
 # per line, in the order asked: helm, kubeconform, promtool, toxiproxy, argocd-health by
 # default), progress on stderr.
 #
-# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy|argocd-health|coredns|local-path-provisioner|kube-network-policies ...]
+# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy|argocd-health|coredns|local-path-provisioner|kube-network-policies|spark-operator ...]
 #   (default: the first five; the node tier asks for the add-ons)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
@@ -34,6 +36,11 @@ LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
 # The version kind v0.28.0 to v0.31.0 build into kindnetd (images/kindnetd/go.mod there). The proxy
 # may refuse version lists: name an exact version.
 KUBE_NETWORK_POLICIES_VERSION="${KUBE_NETWORK_POLICIES_VERSION:-v0.8.0}"
+# The Kubeflow Spark Operator eopipe is tested against (docs/install.md). Exact version only: the
+# proxy refuses this module's version list. Its chart and CRDs are read from the same module
+# (localenv/node/sparkoperator.py), never copied into this repository.
+SPARK_OPERATOR_VERSION="${SPARK_OPERATOR_VERSION:-v2.5.2}"
+SPARK_OPERATOR_MODULE="github.com/kubeflow/spark-operator/v2"
 
 tool_version() {
   case "$1" in
@@ -45,7 +52,8 @@ tool_version() {
     coredns) echo "$COREDNS_VERSION" ;;
     local-path-provisioner) echo "$LOCAL_PATH_VERSION" ;;
     kube-network-policies) echo "$KUBE_NETWORK_POLICIES_VERSION" ;;
-    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy, argocd-health, coredns, local-path-provisioner, kube-network-policies)" >&2; exit 2 ;;
+    spark-operator) echo "$SPARK_OPERATOR_VERSION" ;;
+    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy, argocd-health, coredns, local-path-provisioner, kube-network-policies, spark-operator)" >&2; exit 2 ;;
   esac
 }
 
@@ -70,6 +78,8 @@ tool_package() {
     # The agent's main package is its cmd/ directory (upstream's Dockerfile: go build ./cmd),
     # so the binary is renamed below.
     kube-network-policies) echo "sigs.k8s.io/kube-network-policies/cmd" ;;
+    # Upstream's image names the binary spark-operator (its Makefile: go build cmd/operator/main.go).
+    spark-operator) echo "$SPARK_OPERATOR_MODULE/cmd/operator" ;;
   esac
 }
 
@@ -103,6 +113,8 @@ tool_ldflags() {
     kubeconform) echo "-s -w -X main.version=$KUBECONFORM_VERSION" ;;
     toxiproxy) echo "-s -w -X github.com/Shopify/toxiproxy/v2.Version=$TOXIPROXY_VERSION" ;;
     argocd-health | coredns | local-path-provisioner | kube-network-policies) echo "-s -w" ;;
+    # As upstream's Makefile stamps it (`spark-operator version`).
+    spark-operator) echo "-s -w -X k8s.io/component-base/version.gitVersion=$SPARK_OPERATOR_VERSION -X k8s.io/component-base/version.gitTreeState=clean" ;;
     promtool)
       # `promtool --version` shows the release (v0.316.0 -> 3.16.0), as Prometheus's .promu.yml stamps it.
       local minor patch release
@@ -137,6 +149,15 @@ build_tool() {
     # (-mod=readonly: a go.mod that needs `go mod tidy` fails here, not silently changes).
     (cd "$REPO_ROOT/$pkg" && CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly" \
       go build -trimpath -ldflags "$ldflags" -o "$tmp/$name" .)
+  elif [[ "$name" == spark-operator ]]; then
+    # Its go.mod pins k8s.io/* with replace directives, which `go install pkg@version` refuses:
+    # build inside the downloaded module (read-only in the module cache; -o writes elsewhere),
+    # from its own go.mod/go.sum.
+    local moddir
+    moddir="$(go mod download -json "$SPARK_OPERATOR_MODULE@$version" | sed -n 's/.*"Dir": "\(.*\)",*$/\1/p')"
+    [[ -d "$moddir" ]] || { echo "build-tools.sh: go mod download gave no Dir for $SPARK_OPERATOR_MODULE@$version" >&2; rm -rf "$tmp"; exit 1; }
+    (cd "$moddir" && CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly" \
+      go build -trimpath -ldflags "$ldflags" -o "$tmp/$(basename "$pkg")" ./cmd/operator)
   else
     # `go install pkg@version` builds in module mode from the module's own go.mod/go.sum
     # (checked against the checksum database), independent of this repository.
