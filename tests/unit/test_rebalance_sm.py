@@ -13,6 +13,7 @@ import pytest
 from eopipe.control.rebalance import Facts, PodFacts, pods, step
 from eopipe.control.status import merge_patch, rebalance_patch
 from eopipe.core.assignment import Assignment, assign, era_count, grow
+from eopipe.core.rebalancing import Rebalance
 from eopipe.core.wire import Migration, PodStatus
 
 PREFIX = "p-dedup"
@@ -64,18 +65,24 @@ class Cluster:
                 self.seen[n] = self.assignment
 
 
+def stored(rb: Rebalance | None) -> Rebalance | None:
+    """The record as a later pass reads it back: through status (JSON), parsed."""
+    doc = json.loads(json.dumps(rb.to_dict())) if rb else None
+    return Rebalance.parse(doc) if doc else None
+
+
 def drive(c: Cluster, replicas, partitions, crash_rate=0.0, seed=0, max_steps=60):
     rng = random.Random(seed)
     rb, phases, events, last = None, [], [], None
     persisted = None
     for _ in range(max_steps):
         plan = step(c.facts(replicas, partitions), rb)
-        persisted = json.loads(json.dumps(plan.rebalance))  # what status holds (JSON round trip)
+        persisted = stored(plan.rebalance)  # what status holds (JSON round trip)
         events += plan.events
         if plan.last:
             last = plan.last
         if plan.rebalance:
-            phases.append(plan.rebalance["phase"])
+            phases.append(plan.rebalance.phase)
         if rng.random() < crash_rate:
             rb = persisted  # operator killed after persisting, before acting: re-read from status
             continue
@@ -98,7 +105,7 @@ def test_scale_up_scales_first_then_hands_off_then_finalizes():
     assert c.replicas == 3 and len(handoff.handoffs) == 2
     assert all(h["from"] == f"{PREFIX}-0" and h["url"] == "http://127.0.1.0:8080" for h in handoff.handoffs.values())
     # The StatefulSet had 3 pods before any partition was handed to them.
-    assert last["partitionsMoved"] == 2 and last["snapshot"] == 2 and last["bytesMoved"] == 2000
+    assert last.partitions_moved == 2 and last.snapshot == 2 and last.bytes_moved == 2000
     assert c.assignment.handoffs == {} and sorted(c.assignment.owners) == [0, 1, 2, 3]
     assert {e[1] for e in events} >= {"RebalanceStarted", "Rebalancing", "RebalanceCompleted"}
 
@@ -129,9 +136,9 @@ def test_partition_increase_pauses_creates_reshards_resumes():
         plan = step(c.facts(2, 8), rb)
         rb = plan.rebalance
         if rb:
-            phases.append(rb["phase"])
+            phases.append(rb.phase)
             # Partitions are only created once every pod reported paused.
-            if rb["phase"] == "Pausing":
+            if rb.phase == "Pausing":
                 assert plan.partitions == 4 and plan.assignment.paused
         seen_partitions.append(plan.partitions)
         c.act(plan)
@@ -155,7 +162,7 @@ def test_operator_crashes_anywhere_never_restart_or_skip(seed):
     c = Cluster(partitions=4, replicas=1)
     phases, _, last = drive(c, 3, 4, crash_rate=0.4, seed=seed)
     assert _collapse(phases) == ["ScalingUp", "HandingOff", "Finalizing"]
-    assert last["partitionsMoved"] == 2
+    assert last.partitions_moved == 2
     c2 = Cluster(partitions=4, replicas=2)
     phases, _, last = drive(c2, 2, 8, crash_rate=0.4, seed=seed)
     assert _collapse(phases) == ["Pausing", "CreatingPartitions", "Resharding", "Finalizing"]
@@ -172,9 +179,9 @@ def test_pausing_waits_for_every_pod():
     rb = plan.rebalance
     for _ in range(3):
         plan = step(c.facts(2, 8), rb)
-        assert plan.rebalance["phase"] == "Pausing" and plan.partitions == 4
+        assert plan.rebalance.phase == "Pausing" and plan.partitions == 4
         c.act(plan)
-    assert "p-dedup-1" in plan.rebalance["message"]
+    assert "p-dedup-1" in plan.rebalance.message
 
 
 def test_decrease_is_not_a_rebalance_and_changes_nothing():
@@ -209,7 +216,7 @@ def test_rebuild_fallback_is_reported_as_a_warning():
         if rb is None:
             break
     assert any(t == "Warning" and r == "StateRebuilt" and "connection refused" in m for t, r, m in events)
-    assert plan.last["rebuild"] == 1 and plan.last["snapshot"] == 0
+    assert plan.last.rebuild == 1 and plan.last.snapshot == 0
 
 
 def test_assignment_json_is_backward_compatible_and_round_trips():
@@ -249,7 +256,7 @@ def apply_merge_patch(doc, patch):
     return out
 
 
-def run_operator(c, replicas, partitions, crashes=(), restart_ms=60_000, max_steps=80, settle=4):
+def run_operator(c, replicas, partitions, crashes=(), restart_ms=60_000, max_steps=80, settle=4, record=None):
     """The reconciler's loop: every step is taken from status as stored (a new pass or a
     restarted operator has nothing else), written ahead through the reconciler's patch, then
     acted on. At the steps in `crashes` the operator is killed after the write, before acting,
@@ -257,11 +264,14 @@ def run_operator(c, replicas, partitions, crashes=(), restart_ms=60_000, max_ste
     steps more. Returns the stored status, the rebalance ids ever recorded and the posted events."""
     status, ids, events, idle = {}, [], [], 0
     for i in range(max_steps):
-        rb = status.get("rebalance")
+        rb = Rebalance.parse(status["rebalance"]) if status.get("rebalance") else None
         plan = step(c.facts(replicas, partitions), rb)
         if plan.rebalance != rb or plan.last is not None:
             status = apply_merge_patch(status, json.loads(json.dumps(
-                rebalance_patch(status, plan.rebalance, plan.last))))
+                rebalance_patch(status, plan.rebalance and plan.rebalance.to_dict(),
+                                plan.last and plan.last.to_dict()))))
+        if record is not None and status.get("rebalance"):
+            record(status["rebalance"])  # each record as status holds it
         if status.get("rebalance") and status["rebalance"]["id"] not in ids:
             ids.append(status["rebalance"]["id"])
         if i in crashes:
@@ -304,8 +314,12 @@ def test_killed_at_any_two_points_one_rebalance_recorded_as_last(name):
         a = c.assignment
         assert not (a.reshard or a.paused or a.handoffs) and a.partition_count == partitions, (crashes, a)
         assert sorted(set(a.owners.values())) == pods(PREFIX, replicas)
-        still = step(c.facts(replicas, partitions), status.get("rebalance"))
+        still = step(c.facts(replicas, partitions), stored_status(status))
         assert still.rebalance is None and still.assignment == a and still.events == [], crashes
+
+
+def stored_status(status: dict) -> Rebalance | None:
+    return Rebalance.parse(status["rebalance"]) if status.get("rebalance") else None
 
 
 def test_status_patch_replaces_the_recorded_rebalance_whole():

@@ -27,7 +27,6 @@ _HOST = re.compile(r"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)(?:\.[a-zA-Z0-
                    r"(?::[0-9]+)?$")
 _TAG = re.compile(r"^[\w][\w.-]{0,127}$")
 _DIGEST = re.compile(r"^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]+$")
-IMAGE_FIELDS = ("dedup.image", "processing.image")
 
 
 def repository(image: str) -> str:

@@ -13,7 +13,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.reconcile import Reconciler
 from eopipe.control.settings import Settings
-from eopipe.control.status import merge_conditions, merge_patch, summarize
+from eopipe.control.status import RECONCILING, STALLED, merge_conditions, merge_patch, summarize
 from eopipe.control.topics import delete_topics
 from eopipe.core import spec as spec_mod
 from eopipe.core.kafkaconf import NotAllowed
@@ -45,20 +45,18 @@ def _write_status(rec: Reconciler, body, outcome) -> dict:
     was = body.get("status") or {}
     status = {"observedGeneration": generation, "phase": phase, "conditions": merged,
               **{k: merge_patch(was.get(k), v) for k, v in outcome.fields.items()}}
-    client.CustomObjectsApi(rec.api).patch_namespaced_custom_object_status(
-        *RESOURCE[:2], body["metadata"]["namespace"], RESOURCE[2], body["metadata"]["name"],
-        {"status": status})
+    rec.recorder.record(body["metadata"]["namespace"], body["metadata"]["name"], status)
     # Every rebalance step (start, handoff, re-shard, rebuild fallbacks, completion).
     for type_, reason, message in outcome.events:
         (kopf.warn if type_ == "Warning" else kopf.info)(body, reason=reason, message=message[:1000])
     # One event per condition that changed status, as kubectl describe users expect.
     before = {c["type"]: c.get("status") for c in old}
     for c in merged:
-        if c["type"] == "Stalled" and c["status"] == "False" and "Stalled" not in before:
+        if c["type"] == STALLED and c["status"] == "False" and STALLED not in before:
             continue  # a new pipeline that is not stalled: nothing to tell
         if before.get(c["type"]) != c["status"]:
-            bad = (c["type"] == "Stalled") == (c["status"] == "True")
-            (kopf.warn if bad and c["type"] != "Reconciling" else kopf.info)(
+            bad = (c["type"] == STALLED) == (c["status"] == "True")
+            (kopf.warn if bad and c["type"] != RECONCILING else kopf.info)(
                 body, reason=c["reason"], message=f"{c['type']}={c['status']}: {c['message']}"[:1000])
     PHASES.labels(body["metadata"]["namespace"], body["metadata"]["name"]).set(
         1 if merged[0]["status"] == "True" else 0)
@@ -82,7 +80,7 @@ def _progressing(status, **_) -> bool:
     the pods within seconds rather than at the next resync."""
     st = status or {}
     return bool(st.get("rebalance")) or any(
-        c.get("type") == "Reconciling" and c.get("status") == "True" for c in st.get("conditions") or [])
+        c.get("type") == RECONCILING and c.get("status") == "True" for c in st.get("conditions") or [])
 
 
 def _autoscaling(spec, **_) -> bool:

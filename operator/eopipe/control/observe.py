@@ -13,15 +13,14 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicParti
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from kubernetes import client
 
-from eopipe.control.builders import dedup as dedup_builders
 from eopipe.control import policy
 from eopipe.control.kube import Applier
 from eopipe.control.policy import TenantPolicy
-from eopipe.control.rebalance import Facts, PodFacts
 from eopipe.core import kafkaconf
-from eopipe.core.assignment import Assignment
+from eopipe.core.assignment import CONFIGMAP_KEY, Assignment
 from eopipe.core.durations import duration_ms
-from eopipe.core.names import Names
+from eopipe.core.names import DEDUP_HTTP_PORT, Names
+from eopipe.core.rebalancing import PAUSING, Facts, PodFacts, Rebalance
 from eopipe.core.wire import read_status
 
 POD_STATUS_TIMEOUT = 2.0
@@ -56,10 +55,9 @@ class Observer:
         return AdminClient({**self.kafka_conf(names),
                             "socket.connection.setup.timeout.ms": int(self.kafka_timeout * 1000)})
 
-    def stable_offsets(self, names: Names, topic: str) -> dict[int, tuple[int, int]]:
+    def stable_offsets(self, admin: AdminClient, topic: str) -> dict[int, tuple[int, int]]:
         """Per partition of `topic`: (last stable offset, high watermark). Below the high
         watermark, the LSO waits on the oldest open transaction."""
-        admin = self.kafka_admin(names)
         md = admin.list_topics(topic, timeout=self.kafka_timeout).topics.get(topic)
         if md is None or md.error is not None:
             return {}
@@ -73,20 +71,20 @@ class Observer:
                 out[tp.partition][i] = fut.result().offset
         return {p: (lso, hwm) for p, (lso, hwm) in out.items()}
 
-    def facts(self, names: Names, rb: dict | None) -> Facts:
+    def facts(self, names: Names, rb: Rebalance | None, admin: AdminClient) -> Facts:
+        """The facts of one rebalance step, through the pass's admin client."""
         spec = names.spec
-        admin = self.kafka_admin(names)
         md = admin.list_topics(timeout=self.kafka_timeout).topics.get(names.source_topic)
         actual = len(md.partitions) if md is not None and md.error is None and md.partitions else None
         cm = self.applier.get("v1", "ConfigMap", names.assignment_configmap, names.namespace)
         assignment = None
-        if cm is not None and (cm.get("data") or {}).get(dedup_builders.ASSIGNMENT_KEY):
-            assignment = Assignment.from_json(json.loads(cm["data"][dedup_builders.ASSIGNMENT_KEY]))
+        if cm is not None and (cm.get("data") or {}).get(CONFIGMAP_KEY):
+            assignment = Assignment.from_json(json.loads(cm["data"][CONFIGMAP_KEY]))
         sts = self.applier.get("apps/v1", "StatefulSet", names.dedup, names.namespace)
         sts_replicas = None if sts is None else int((sts.get("spec") or {}).get("replicas") or 0)
         pods = self.pods(names)
         committed = None
-        if rb is not None and rb.get("phase") == "Pausing" and actual:
+        if rb is not None and rb.phase == PAUSING and actual:
             committed = self.committed(names, actual)
         return Facts(
             now_ms=int(time.time() * 1000), pod_prefix=names.dedup, replicas=spec.dedup.replicas,
@@ -101,8 +99,7 @@ class Observer:
         for pod in items:
             st = pod.status
             ready = any(c.type == "Ready" and c.status == "True" for c in (st.conditions or []))
-            pods[pod.metadata.name] = PodFacts(pod.metadata.name, st.pod_ip, ready,
-                                                            port=dedup_builders.HTTP_PORT)
+            pods[pod.metadata.name] = PodFacts(pod.metadata.name, st.pod_ip, ready, port=DEDUP_HTTP_PORT)
 
         def fetch(pf):
             if not pf.ip:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eopipe.core.names import SPARK_GROUP, SPARK_PLURAL
+
 WATCHED, OWN, CLUSTER = "watched", "own", "cluster"
 
 # Server-side apply of an object: get (read back), create (when missing) and patch.
@@ -62,8 +64,8 @@ API_ACCESS = (
     Access("rbac.authorization.k8s.io", "roles", APPLY, WATCHED, "the dedup pods'"),
     Access("rbac.authorization.k8s.io", "rolebindings", APPLY, WATCHED,
            "the dedup pods' and the driver's (to the chart's ClusterRole)"),
-    Access("sparkoperator.k8s.io", "sparkapplications", APPLY, WATCHED, "the processing stage"),
-    Access("sparkoperator.k8s.io", "sparkapplications", ("delete",), WATCHED,
+    Access(SPARK_GROUP, SPARK_PLURAL, APPLY, WATCHED, "the processing stage"),
+    Access(SPARK_GROUP, SPARK_PLURAL, ("delete",), WATCHED,
            "spec.paused stops the Spark application (control/sparkstage.py)"),
     Access("coordination.k8s.io", "leases", ("get", "create", "update"), OWN,
            "leader election (control/leader.py)"),

@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eopipe.core.durations import rfc3339
+from eopipe.core.names import COUNT_KINDS
 from eopipe.core.wire import PartitionState
 
-STAGES = ("TopicsReady", "DedupReady", "ProcessingReady")
+# The condition types: one per stage (each stage module reports its own), then the summary.
+STAGES = TOPICS, DEDUP, PROCESSING = ("TopicsReady", "DedupReady", "ProcessingReady")
+READY, RECONCILING, STALLED = "Ready", "Reconciling", "Stalled"
 # Reasons of a stage that failed (as opposed to one on its way): the pipeline is Degraded, and
 # argocd/health.lua keeps the same list.
 FAILURE_REASONS = frozenset({"KafkaUnavailable", "SparkFailed", "SparkOperatorMissing", "ApplyFailed",
@@ -50,31 +53,31 @@ def summarize(stages: list[Condition], *, stalled: Condition | None = None,
     not_ready = [c for c in stages if not c.status]
     failed = [c for c in not_ready if c.reason in FAILURE_REASONS]
     if stalled is not None:
-        ready = Condition("Ready", False, stalled.reason, stalled.message)
+        ready = Condition(READY, False, stalled.reason, stalled.message)
         phase = "Failed"
     elif paused:
-        ready = Condition("Ready", False, "Paused", "spec.paused is true")
+        ready = Condition(READY, False, "Paused", "spec.paused is true")
         phase = "Paused"
     elif failed:
-        ready = Condition("Ready", False, failed[0].reason, f"{failed[0].type}: {failed[0].message}")
+        ready = Condition(READY, False, failed[0].reason, f"{failed[0].type}: {failed[0].message}")
         phase = "Degraded"
     elif not_ready:
         first = not_ready[0]
-        ready = Condition("Ready", False, first.reason, f"{first.type}: {first.message}")
+        ready = Condition(READY, False, first.reason, f"{first.type}: {first.message}")
         phase = "Provisioning"
     elif rebalancing:
-        ready = Condition("Ready", True, "Rebalancing", rebalancing)
+        ready = Condition(READY, True, "Rebalancing", rebalancing)
         phase = "Rebalancing"
     else:
-        ready = Condition("Ready", True, "Running", "all stages ready")
+        ready = Condition(READY, True, "Running", "all stages ready")
         phase = "Running"
     # A failure is retried, but nothing is progressing until it is fixed.
     reconciling = bool(stalled is None and not paused and not failed and (not_ready or rebalancing))
     summary = [
         ready,
-        Condition("Reconciling", reconciling, "Progressing" if reconciling else "Settled",
+        Condition(RECONCILING, reconciling, "Progressing" if reconciling else "Settled",
                   rebalancing or (not_ready[0].message if not_ready and not failed else "")),
-        Condition("Stalled", stalled is not None,
+        Condition(STALLED, stalled is not None,
                   stalled.reason if stalled else "NotStalled", stalled.message if stalled else ""),
     ]
     return summary + list(stages), phase
@@ -92,7 +95,6 @@ def dedup_lag(pods) -> int | None:
     return sum(lag.values()) if lag else None
 
 
-COUNT_KINDS = ("consumed", "emitted", "duplicates", "deadLettered")
 # Per-second figures (the autoscaler's records/s, status.dedupStats) from samples at least this
 # far apart: reconcile passes closer together would measure mostly noise.
 MIN_RATE_INTERVAL_MS = 5_000

@@ -9,20 +9,123 @@ The published document (one format, `Assignment.to_json` / `from_json`):
      # optional, written by the rebalance state machine (docs/design.md#rebalancing):
      "partitionCount": N,            # the count the home check must use (never newer)
      "paused": true,                 # every owner commits and stops its partitions
-     "handoffs": {"<p>": {"from": "<pod>", "url": "http://<podIP>:8080"}},
-     "reshard": {"id": i, "from": N, "to": N2, "peers": {"<pod>": "http://<podIP>:8080"}},
-     "reshards": [{"id": i, "from": N, "to": N2, "at": ms, "offsets": {"<p>": o}}]}
+     "handoffs": {"<p>": {"from": "<pod>", "url": "http://<podIP>:8080"}},          # Handoff
+     "reshard": {"id": i, "from": N, "to": N2, "peers": {"<pod>": "http://<podIP>:8080"}},  # Reshard
+     "reshards": [{"id": i, "from": N, "to": N2, "at": ms, "offsets": {"<p>": o}}]}  # ReshardEra
 
 `reshards` is the history within the dedup window: partition p processed its offsets below
 `offsets[p]` with `from` partitions; a rebuild uses it to find keys that now belong to a
 partition but were deduplicated in another one before the re-shard.
+
+The sub-documents are typed (`Handoff`, `Reshard`, `ReshardEra`: strict `parse`, `to_dict`
+its exact inverse). `Assignment` keeps them in their published (dict) form, which the dedup
+worker reads today; `Assignment.handoff_records()` / `reshard_record()` / `era_records()`
+give the typed views.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 CONFIGMAP_KEY = "assignment.json"  # the key of the published document in the ConfigMap
+
+
+def json_int(doc: dict, key: str, what: str, *, optional: bool = False) -> int | None:
+    v = doc.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise ValueError(f"{what}.{key}: expected an integer, got {v!r}")
+    return v
+
+
+def json_str(doc: dict, key: str, what: str, *, optional: bool = False) -> str | None:
+    v = doc.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, str):
+        raise ValueError(f"{what}.{key}: expected a string, got {v!r}")
+    return v
+
+
+def json_object(doc, what: str) -> dict:
+    if not isinstance(doc, dict):
+        raise ValueError(f"{what}: expected an object, got {doc!r}")
+    return doc
+
+
+def json_partition_map(doc, what: str) -> dict[int, int]:
+    """{"<p>": n} -> {p: n}, strictly."""
+    doc = json_object(doc, what)
+    try:
+        out = {int(k): v for k, v in doc.items()}
+    except ValueError:
+        raise ValueError(f"{what}: partition keys must be numbers, got {doc!r}") from None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in out.values()):
+        raise ValueError(f"{what}: expected integer values, got {doc!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """`handoffs["<p>"]`: the partition's previous owner and the URL it serves its snapshot at."""
+    source: str  # "from"
+    url: str
+
+    @classmethod
+    def parse(cls, doc) -> "Handoff":
+        doc = json_object(doc, "handoff")
+        return cls(json_str(doc, "from", "handoff"), json_str(doc, "url", "handoff"))
+
+    def to_dict(self) -> dict:
+        return {"from": self.source, "url": self.url}
+
+
+@dataclass(frozen=True)
+class Reshard:
+    """`reshard`: the running re-shard from `source` to `target` partitions, and where each
+    owner of an old partition serves its exported keys."""
+    id: int
+    source: int  # "from"
+    target: int  # "to"
+    peers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, doc) -> "Reshard":
+        doc = json_object(doc, "reshard")
+        peers = json_object(doc.get("peers", {}), "reshard.peers")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in peers.items()):
+            raise ValueError(f"reshard.peers: expected pod -> URL, got {peers!r}")
+        return cls(json_int(doc, "id", "reshard"), json_int(doc, "from", "reshard"), json_int(doc, "to", "reshard"),
+                   dict(peers))
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "from": self.source, "to": self.target, "peers": dict(self.peers)}
+
+
+@dataclass(frozen=True)
+class ReshardEra:
+    """`reshards[i]`: one past re-shard; partition p processed its offsets below `offsets[p]`
+    with `source` partitions. `at` (ms) decides how long the era is kept."""
+    id: int
+    source: int  # "from"
+    target: int  # "to"
+    offsets: dict[int, int] = field(default_factory=dict)
+    at: int | None = None
+
+    @classmethod
+    def parse(cls, doc) -> "ReshardEra":
+        doc = json_object(doc, "reshards[]")
+        parsed = json_partition_map(doc.get("offsets") or {}, "reshards[].offsets")
+        return cls(json_int(doc, "id", "reshards[]"), json_int(doc, "from", "reshards[]"),
+                   json_int(doc, "to", "reshards[]"), parsed, json_int(doc, "at", "reshards[]", optional=True))
+
+    def to_dict(self) -> dict:
+        doc: dict = {"id": self.id, "from": self.source, "to": self.target}
+        if self.at is not None:
+            doc["at"] = self.at
+        doc["offsets"] = {str(p): o for p, o in sorted(self.offsets.items())}
+        return doc
 
 
 @dataclass(frozen=True)
@@ -31,12 +134,21 @@ class Assignment:
     owners: dict[int, str] = field(default_factory=dict)  # partition -> pod
     partition_count: int | None = None
     paused: bool = False
-    handoffs: dict[int, dict] = field(default_factory=dict)  # partition -> {"from", "url"}
-    reshard: dict | None = None
-    reshards: tuple = ()
+    handoffs: dict[int, dict] = field(default_factory=dict)  # partition -> Handoff.to_dict()
+    reshard: dict | None = None                               # Reshard.to_dict()
+    reshards: tuple = ()                                      # ReshardEra.to_dict(), oldest first
 
     def partitions_of(self, pod: str) -> list[int]:
         return sorted(p for p, owner in self.owners.items() if owner == pod)
+
+    def handoff_records(self) -> dict[int, Handoff]:
+        return {p: Handoff.parse(h) for p, h in self.handoffs.items()}
+
+    def reshard_record(self) -> Reshard | None:
+        return Reshard.parse(self.reshard) if self.reshard else None
+
+    def era_records(self) -> tuple[ReshardEra, ...]:
+        return tuple(ReshardEra.parse(r) for r in self.reshards)
 
     def to_json(self) -> dict:
         pods: dict[str, list[int]] = {}
@@ -67,12 +179,13 @@ class Assignment:
                    reshards=tuple(dict(r) for r in doc.get("reshards") or ()))
 
     def with_(self, **changes) -> "Assignment":
-        from dataclasses import replace
         return replace(self, **changes)
 
 
 def era_count(reshards, partition: int, offset: int, current: int) -> int:
     """The partition count that `partition` used when it processed `offset` (see reshards)."""
+    # Called per record while a rebuild scans (dedup/replay.py): reads the published dicts as
+    # they are rather than parsing a ReshardEra per call.
     for r in sorted(reshards, key=lambda r: r["id"]):
         bound = (r.get("offsets") or {}).get(str(partition))
         if bound is not None and offset < int(bound):

@@ -19,6 +19,14 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "eopipe-operator"  # its value on every object the operator makes
 LABEL_PIPELINE = "eopipe.dev/pipeline"
 
+# The dedup pods' HTTP port (/status, /metrics, the state transfers).
+DEDUP_HTTP_PORT = 8080
+# The record counts a dedup pod reports (/status `counts`, status.dedupStats).
+COUNT_KINDS = ("consumed", "emitted", "duplicates", "deadLettered")
+# The Kubeflow Spark Operator's SparkApplication resource, which the Spark stage applies.
+SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
+SPARK_API = f"{SPARK_GROUP}/{SPARK_VERSION}"
+
 # The longest pipeline name that every derived Kubernetes name has room for (admission refuses
 # longer ones). The tightest is the dedup StatefulSet `<name>-dedup` (Names.dedup): the
 # StatefulSet controller labels each pod controller-revision-hash=<statefulset>-<hash>, the hash

@@ -1,0 +1,71 @@
+"""The Spark stage's place in a reconcile pass: a thin caller of control/sparkstage.py (the plan)
+and control/sparkstatus.py (the verdict) with the objects of control/builders; this module only
+reads and writes the cluster. Returns the ProcessingReady condition."""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+from eopipe.control import sparkstage, sparkstatus
+from eopipe.control.builders import checkpoint
+from eopipe.control.builders.pipeline import processing_objects
+from eopipe.control.ownership import CONFLICT, ObjectConflict, decide
+from eopipe.control.passctx import Pass
+from eopipe.control.status import PROCESSING, Condition
+from eopipe.core.names import SPARK_API, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION
+
+
+def run(p: Pass) -> Condition:
+    names, out, plane, owner = p.names, p.out, p.plane, p.body
+    if names.spec.processing is None:
+        return Condition(PROCESSING, True, "NotConfigured", "dedup-only pipeline: no Spark stage")
+    if not plane.applier.kind_available(SPARK_API, "SparkApplication"):
+        return Condition(PROCESSING, False, "SparkOperatorMissing",
+                         f"the cluster has no {SPARK_API} SparkApplication kind; install the Kubeflow Spark Operator")
+    # The checkpoint's claim stays while paused: the SparkApplication deleted then is not its owner.
+    if (pvc := checkpoint.claim(names)) is not None:  # owned (deleted with the pipeline) only with Delete
+        # retainable: kept after its pipeline under Retain, and the checkpoint of a pipeline
+        # re-created under that name (ownership.decide tells it by the operator's labels).
+        plane.applier.apply(pvc, owner, owned=checkpoint.owned(names), retainable=True)
+    *rbac, application = processing_objects(names, plane.settings.spark_image,
+                                            plane.settings.spark_driver_cluster_role)
+    for manifest in rbac:
+        plane.applier.apply(manifest, owner)
+    name, ns = application["metadata"]["name"], names.namespace
+    app = plane.applier.get(SPARK_API, "SparkApplication", name, ns)
+    if app is not None and decide(app["metadata"], owner["metadata"]["uid"]) == CONFLICT:
+        raise ObjectConflict("SparkApplication", ns, name)  # before the plan may delete it
+    drivers = plane.core.list_namespaced_pod(ns, label_selector=sparkstage.driver_selector(name)).items
+    claim = checkpoint.claim_name(names)
+    where = names.spec.processing.checkpoint.location(names.pipeline) + (f" on claim {claim}" if claim else "")
+    plan = sparkstage.plan(sparkstage.Facts(
+        paused=bool(names.spec.paused), app=app,
+        driver_phases=tuple((d.status.phase if d.status else None) or "Pending" for d in drivers),
+        checkpoint=where))
+    if plan.action == sparkstage.DELETE:
+        _delete(plane.api, name, ns)
+    elif plan.action == sparkstage.WAIT:
+        if not out.retry:  # Kafka's reason, if any, comes first
+            out.retry_reason = "waiting for the stopped Spark driver to be gone"
+        out.retry = True
+    elif plan.action == sparkstage.APPLY:
+        app = plane.applier.apply(application, owner)
+    if plan.condition is not None:
+        out.fields["sparkApplicationState"] = None  # no application of this spec runs
+        return plan.condition
+    verdict = sparkstatus.judge(app, sparkstatus.driver_exits(drivers))
+    out.fields["sparkApplicationState"] = verdict.state
+    if verdict.stalled is not None:
+        out.stalled = verdict.stalled
+    if verdict.resubmit:
+        _delete(plane.api, name, ns)
+    return verdict.condition
+
+
+def _delete(api: client.ApiClient, name: str, namespace: str) -> None:
+    try:
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            SPARK_GROUP, SPARK_VERSION, namespace, SPARK_PLURAL, name)
+    except client.ApiException as e:
+        if e.status != 404:  # gone already: what was wanted
+            raise
