@@ -45,7 +45,9 @@ def bench(bootstrap: str, workdir: Path, records: int = 200_000, partitions: int
     source = f"bench-src-{run_id}"
     admin.create_topics([NewTopic(source, partitions, 1)])[source].result(30)
     progress(f"preloading {records} records (20% resends) into {source}")
-    stats = run_load(bootstrap, source, records, dup_ratio=0.2, wrong_partition_ratio=0.0, seed=11)
+    # The id at the top level for the peers and verify, and nested for the JSON-keyed dedup row.
+    stats = run_load(bootstrap, source, records, dup_ratio=0.2, wrong_partition_ratio=0.0, seed=11,
+                     id_at=("id", "user.id"))
     total = stats["records"]
 
     runs: dict[str, list[dict]] = {c.id: [] for c in chosen}

@@ -63,3 +63,63 @@ def test_record_key_and_header_keys(spec, key, headers, expected):
 def test_missing_record_keys_and_headers_are_malformed(spec, key, headers, reason):
     with pytest.raises(MalformedRecord, match=reason):
         extract(spec, key, b"{}", headers)
+
+
+USER_ID = KeySpec("jsonField", "user.id")
+
+
+@pytest.mark.parametrize("value, key", [
+    (b'{"user": {"id": "u-1"}, "id": "top"}', b"u-1"),
+    (b'{"user": {"id": 42}}', b"42"),
+    (b'{"user": {"id": 1E2}}', b"100.0"),
+    (b'{"user": {"id": true}}', b"True"),
+    (b'{"user": {"id": [1, 2]}}', b"[1, 2]"),  # a non-scalar is its text, as at the top level
+    (b'{"user": {"id": 123456789012345678901234567890}}', b"123456789012345678901234567890"),
+    (b'{"user": {"id": NaN}}', b"nan"),
+    (b'{"user": {"id": 1}, "user": {"id": 2}}', b"2"),
+])
+def test_nested_fields_are_read_as_top_level_ones_are(value, key):
+    assert extract(USER_ID, None, value, None) == key
+    assert key == str(json.loads(value)["user"]["id"]).encode()
+
+
+@pytest.mark.parametrize("value, reason", [
+    (b'{"user.id": "flat"}', "no field 'user.id'"),  # a dotted name is a path, not one name
+    (b'{"user": "u-1"}', "no field 'user.id'"),
+    (b'{"user": ["id"]}', "no field 'user.id'"),
+    (b'{"user": {"id": null}}', "no field 'user.id'"),
+    (b'{"user": {"id": ""}}', "no field 'user.id'"),
+    (b'{"user": {}}', "no field 'user.id'"),
+    (b'{"user": {"id": "\\ud800"}}', "not valid Unicode"),
+    (b'{"user": {"id": NaN', "not JSON"),
+])
+def test_nested_records_without_a_usable_key_are_malformed(value, reason):
+    with pytest.raises(MalformedRecord, match=reason):
+        extract(USER_ID, None, value, None)
+
+
+@pytest.mark.parametrize("text, path", [
+    ("json:id", ("id",)),
+    ("json:user.id", ("user", "id")),
+    ("json:a.b.c", ("a", "b", "c")),
+    ('json:["a.b", "c"]', ("a.b", "c")),
+    ('json:["user", "id"]', ("user", "id")),
+    ('json:["[x"]', ("[x",)),
+])
+def test_text_forms_of_a_json_path_and_their_round_trip(text, path):
+    spec = KeySpec.parse(text)
+    assert spec.path == path
+    assert KeySpec.parse(str(spec)) == spec == KeySpec("jsonField", path=path)
+
+
+def test_a_name_with_a_dot_is_read_by_the_list_form():
+    spec = KeySpec("jsonField", path=("a.b", "c"))
+    assert str(spec) == 'json:["a.b", "c"]'
+    assert extract(spec, None, b'{"a.b": {"c": "x"}, "a": {"b": {"c": "y"}}}', None) == b"x"
+
+
+@pytest.mark.parametrize("text", ["json:.id", "json:user.", "json:a..b", "json:[]", 'json:[""]',
+                                  "json:[1]", 'json:["a"', "json:"])
+def test_bad_json_paths_are_refused(text):
+    with pytest.raises(ValueError, match="bad"):
+        KeySpec.parse(text)

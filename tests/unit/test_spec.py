@@ -136,6 +136,10 @@ def test_fields_that_cannot_change_have_transition_rules():
     {"dedup.window": "0s"},
     {"dedup.key": {"from": "jsonField"}},
     {"dedup.key": {"from": "header"}},
+    {"dedup.key": {"from": "header", "path": ["a"]}},
+    {"dedup.key": {"from": "jsonField", "name": "a", "path": ["a"]}},
+    {"dedup.key": {"from": "jsonField", "name": "user..id"}},
+    {"dedup.key": {"from": "jsonField", "name": ".id"}},
     {"sink": {}},
     {"processing": {"checkpoint": {"pvc": {}}}},
     {"source.config": {"retention.ms": "1"}},
@@ -221,3 +225,19 @@ def test_the_processing_messages_are_the_cel_rules(processing, sink):
     (err,) = e.value.errors()
     messages = {(".".join(path), r["message"]) for path, rules in CEL_RULES.items() for r in rules}
     assert (".".join(err["loc"]), str(err["ctx"]["error"])) in messages
+
+
+@pytest.mark.parametrize("key, text, path", [
+    ({"from": "jsonField", "name": "id"}, "json:id", ("id",)),
+    ({"from": "jsonField", "name": "user.id"}, "json:user.id", ("user", "id")),
+    ({"from": "jsonField", "path": ["a.b", "c"]}, 'json:["a.b", "c"]', ("a.b", "c")),
+    ({"from": "jsonField", "name": "[x"}, 'json:["[x"]', ("[x",)),  # a name is never the text's list form
+    ({"from": "header", "name": "trace.id"}, "header:trace.id", ()),  # a header's name is one name
+])
+def test_the_key_the_worker_is_given(key, text, path):
+    """The operator passes str(key_spec()) as the worker's --key; it reads back as the same key."""
+    from eopipe.core.keys import KeySpec
+
+    spec = PipelineSpec.model_validate(_spec(**{"dedup.key": key})).dedup.key.key_spec()
+    assert (str(spec), spec.path) == (text, path)
+    assert KeySpec.parse(text) == spec

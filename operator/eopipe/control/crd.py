@@ -18,7 +18,7 @@ KEEP = {"type", "description", "default", "enum", "minimum", "maximum", "minLeng
         "maxLength", "pattern", "properties", "required", "items", "additionalProperties",
         # Bounds that keep the CEL rules' estimated cost within the API server's limit, and the
         # Kubernetes objects (tolerations, affinity) passed through unchecked (spec.KubeObject).
-        "maxItems", "maxProperties", "x-kubernetes-preserve-unknown-fields"}
+        "minItems", "maxItems", "maxProperties", "x-kubernetes-preserve-unknown-fields"}
 
 
 def _structural(node: dict, defs: dict) -> dict:

@@ -1,8 +1,12 @@
-"""Dedup key extraction: the record key, a header, or a top-level JSON field of the value.
+"""Dedup key extraction: the record key, a header, or a JSON field of the value.
 
 Shared by the dedup worker and `eopipe verify`, so both see the same identity of a record.
 The kinds are the CRD's `dedup.key.from` values; the text form (`key`, `header:NAME`,
 `json:FIELD`) is the worker's and the CLI's --key.
+
+A JSON field is a path from the top level down: `user.id` is the field `id` of the object
+`user`. A field whose own name has a dot in it is named by the list form, in the CRD
+`path: [a.b, c]` and in the text form `json:["a.b", "c"]` (a JSON array of names).
 """
 
 from __future__ import annotations
@@ -13,19 +17,56 @@ from typing import Literal
 
 import orjson
 
+PATH_HINT = 'name a field with a dot in its name by the list form: path [a.b, c], or json:["a.b", "c"]'
+
 
 class MalformedRecord(ValueError):
     """The record has no usable dedup key; it belongs in the dead-letter topic."""
 
 
+def json_path(name: str) -> tuple[str, ...]:
+    """`user.id` -> ("user", "id"); `["a.b", "c"]` (a JSON array of names) -> ("a.b", "c")."""
+    if name.startswith("["):
+        try:
+            path = json.loads(name)
+        except ValueError:
+            path = None
+        if not isinstance(path, list) or not path or not all(isinstance(p, str) and p for p in path):
+            raise ValueError(f"bad JSON field path {name!r}: expected a JSON array of non-empty names")
+        return tuple(path)
+    path = tuple(name.split("."))
+    if not all(path):
+        raise ValueError(f"bad JSON field {name!r}: an empty name between dots; {PATH_HINT}")
+    return path
+
+
+def path_text(path: tuple[str, ...]) -> str:
+    """The text form of a path, as json_path reads it: dotted unless a name needs the list form."""
+    if any("." in p for p in path) or path[0].startswith("["):
+        return json.dumps(list(path), ensure_ascii=False)
+    return ".".join(path)
+
+
 @dataclass(frozen=True)
 class KeySpec:
     kind: Literal["recordKey", "header", "jsonField"] = "recordKey"
-    name: str | None = None
+    name: str | None = None  # a header's name, or a JSON field in the text form (path_text)
+    path: tuple[str, ...] = ()  # jsonField: the names from the top level down
+
+    def __post_init__(self):
+        if self.kind != "jsonField":
+            return
+        if self.path and self.name is None:
+            object.__setattr__(self, "path", tuple(self.path))
+        elif self.name is not None and not self.path:
+            object.__setattr__(self, "path", json_path(self.name))
+        else:
+            raise ValueError("a jsonField key has either name or path")
+        object.__setattr__(self, "name", path_text(self.path))
 
     @classmethod
     def parse(cls, text: str) -> "KeySpec":
-        """`key`, `header:NAME` or `json:FIELD`."""
+        """`key`, `header:NAME` or `json:FIELD` (FIELD: `user.id`, or `["a.b", "c"]`)."""
         kind, _, name = text.partition(":")
         if kind == "key" and not name:
             return cls("recordKey")
@@ -53,7 +94,7 @@ def extract(spec: KeySpec, key: bytes | None, value: bytes | None,
         raise MalformedRecord(f"record has no header {spec.name!r}")
     if value is None:
         raise MalformedRecord("record has no value")
-    field = _json_field(value, spec.name)
+    field = _json_field(value, spec.path)
     if field is None or field == "":
         raise MalformedRecord(f"JSON value has no field {spec.name!r}")
     try:
@@ -62,15 +103,23 @@ def extract(spec: KeySpec, key: bytes | None, value: bytes | None,
         raise MalformedRecord(f"JSON field {spec.name!r} is not valid Unicode text") from None
 
 
-def _json_field(value: bytes, name: str):
-    """The top-level field `name`, as the standard library's json reads it. orjson parses about
-    6 times faster; where it refuses (NaN, Infinity, a byte-order mark) or differs (an integer
-    beyond 64 bits becomes a float), json reads the record again, so keys stay what they were."""
-    try:
-        doc = orjson.loads(value)
+def _at(doc, path: tuple[str, ...]):
+    """The field at `path`, or None where an object on the way is missing or is not an object."""
+    for name in path:
         if not isinstance(doc, dict):
             return None
-        field = doc.get(name)
+        doc = doc.get(name)
+    return doc
+
+
+def _json_field(value: bytes, path: tuple[str, ...]):
+    """The field at `path`, as the standard library's json reads it. orjson parses about 6 times
+    faster; where it refuses (NaN, Infinity, a byte-order mark) or differs (an integer beyond 64
+    bits becomes a float), json reads the record again, so keys stay what they were."""
+    try:
+        doc = orjson.loads(value)
+        # One name (most keys) without _at's call: a tenth of the extraction's time.
+        field = (doc.get(path[0]) if isinstance(doc, dict) else None) if len(path) == 1 else _at(doc, path)
         if not isinstance(field, float):
             return field
     except orjson.JSONDecodeError:
@@ -79,4 +128,4 @@ def _json_field(value: bytes, name: str):
         doc = json.loads(value)
     except (ValueError, UnicodeDecodeError) as e:
         raise MalformedRecord(f"value is not JSON: {e}") from None
-    return doc.get(name) if isinstance(doc, dict) else None
+    return _at(doc, path)

@@ -7,7 +7,7 @@ here, so a spec that reaches the builders is always valid.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -77,6 +77,10 @@ WINDOW_MESSAGE = ("dedup.window must not exceed source.retention: "
 ZERO_WINDOW_MESSAGE = "dedup.window must be above 0: a zero window catches no duplicate"
 PROCESSING_MESSAGE = "processing needs a sink"
 KEY_NAME_MESSAGE = "dedup.key.name is required when from is header or jsonField"
+KEY_PATH_MESSAGE = ("dedup.key.path is only for from: jsonField, instead of name (the list form of a field path, "
+                    "for names with a dot in them)")
+KEY_DOTS_MESSAGE = ("dedup.key.name: a JSON field path such as user.id has no empty name between dots; name a "
+                    "field with a dot in its name by dedup.key.path, such as [a.b, c]")
 SINK_MESSAGE = "sink needs exactly one of kafka or files"
 RETENTION_MESSAGE = "set source.retention instead of config['retention.ms']"
 TOPICS_MESSAGE = "topics.deduped and topics.deadLetter must differ from each other, source.topic and sink.kafka.topic"
@@ -107,15 +111,28 @@ IMMUTABLE = {
 class DedupKey(Model):
     source: Literal["recordKey", "header", "jsonField"] = Field(
         "recordKey", alias="from", description="where the dedup key is read from")
-    name: str | None = Field(None, min_length=1, description="header or JSON field name")
+    name: str | None = Field(
+        None, min_length=1, max_length=1024,
+        description="header name, or JSON field: a path through nested objects, such as user.id (the field id "
+                    "of the object user)")
+    path: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
+        None, min_length=1, max_length=32,
+        description="for from: jsonField only, instead of name: the field's path as a list of names, for names with a dot "
+                    "in them: [a.b, c] is the field c of the top-level object a.b")
 
     @model_validator(mode="after")
     def _name_when_needed(self):
-        if self.source != "recordKey" and not self.name:
+        if self.path is not None and (self.source != "jsonField" or self.name is not None):
+            raise ValueError(KEY_PATH_MESSAGE)
+        if self.source != "recordKey" and not self.name and self.path is None:
             raise ValueError(KEY_NAME_MESSAGE)
+        if self.source == "jsonField" and self.name is not None and not all(self.name.split(".")):
+            raise ValueError(KEY_DOTS_MESSAGE)
         return self
 
     def key_spec(self) -> KeySpec:
+        if self.source == "jsonField":  # a name is always a dotted path here, never the text's list form
+            return KeySpec("jsonField", path=tuple(self.path or self.name.split(".")))
         return KeySpec(self.source, self.name)
 
 
@@ -335,7 +352,13 @@ CEL_RULES = {
         {"rule": "duration(self) > duration('0s')", "message": ZERO_WINDOW_MESSAGE},
     ],
     ("dedup", "key"): [
-        {"rule": "!has(self.from) || self.from == 'recordKey' || has(self.name)", "message": KEY_NAME_MESSAGE},
+        {"rule": "!has(self.path) || (has(self.from) && self.from == 'jsonField' && !has(self.name))",
+         "message": KEY_PATH_MESSAGE},
+        {"rule": "!has(self.from) || self.from == 'recordKey' || has(self.name) || has(self.path)",
+         "message": KEY_NAME_MESSAGE},
+        {"rule": "!has(self.from) || self.from != 'jsonField' || !has(self.name) || "
+                 "self.name.matches('^[^.]+([.][^.]+)*$')",
+         "message": KEY_DOTS_MESSAGE},
     ],
     ("dedup", "podTemplate"): [
         {"rule": "!has(self.labels) || !(" + " || ".join(f"'{k}' in self.labels" for k in OPERATOR_LABELS) + ")",

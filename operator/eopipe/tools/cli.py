@@ -45,7 +45,8 @@ def cmd_load(args: argparse.Namespace) -> int:
     stats = run_load(args.bootstrap, args.topic, args.count, dup_ratio=args.dup_ratio,
                      wrong_partition_ratio=args.wrong_partition_ratio, poison=args.poison,
                      partitioner=args.partitioner, rate=args.rate, seed=args.seed,
-                     progress=None if args.quiet else _progress)
+                     progress=None if args.quiet else _progress,
+                     id_at=("user.id",) if args.nested_id else ("id",))
     print(json.dumps(stats) if args.json else
           f"load: sent {stats['records']} records ({stats['unique']} unique, "
           f"{stats['duplicates']} duplicates, {stats['wrong_partition']} to a wrong partition, "
@@ -207,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--rate", type=cliargs.positive_float,
                       help="records per second (default: as fast as possible)")
     load.add_argument("--seed", type=int, help="random seed, for a repeatable run")
+    load.add_argument("--nested-id", action="store_true",
+                      help='the id in a nested JSON object, {"user": {"id": ...}} (dedup key json:user.id), '
+                           'instead of the top-level field "id"')
     load.add_argument("--json", action="store_true", help="print the stats as JSON")
     load.add_argument("--quiet", action="store_true", help="no progress lines")
     load.set_defaults(func=cmd_load)
@@ -220,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--output", required=True, help="output topic")
     ver.add_argument("--dlq", help="dead-letter topic: malformed source records must all be there")
     ver.add_argument("--key", type=cliargs.key_spec, default=KeySpec(),
-                     help="dedup key: 'key', 'header:NAME' or 'json:FIELD' (default: key)")
+                     help="dedup key: 'key', 'header:NAME' or 'json:FIELD', where FIELD may be a path "
+                          "(json:user.id) or a JSON array of names ('json:[\"a.b\", \"c\"]') (default: key)")
     ver.add_argument("--output-key", type=cliargs.key_spec, help="key in the output, if different")
     ver.add_argument("--settle", type=cliargs.seconds, default=10.0,
                      help="seconds without new output after which the output counts as complete (default 10)")

@@ -1,7 +1,8 @@
 """`eopipe load`: keyed payment events with the duplicates that at-least-once producers make.
 
-Each event has a UUID id, used as the record key and as the JSON field "id"; its event time
-is the record timestamp. A share of the sends are resends of earlier events (same key, value
+Each event has a UUID id, used as the record key and as the JSON field "id" (or at the JSON
+field paths `id_at` names: ("user.id",) puts it in {"user": {"id": ...}} only, for a pipeline
+keyed on the nested field); its event time is the record timestamp. A share of the sends are resends of earlier events (same key, value
 and timestamp), some of them delayed, and some sent to a wrong partition (a producer with
 stale metadata or another partitioner). Partitions are computed here with the pipeline's
 partitioner rather than left to the client, so placement is exact whatever client it is.
@@ -20,10 +21,22 @@ from confluent_kafka import KafkaException, Producer
 from eopipe.core import partitioner as partitioners
 
 
-def _event(rng: random.Random, seq: int, now_ms: int) -> tuple[bytes, bytes, int]:
+def _with_id(eid: str, id_at: tuple[str, ...]) -> dict:
+    """{"id": eid} for ("id",), {"user": {"id": eid}} for ("user.id",): a dotted JSON field path each."""
+    value: dict = {}
+    for path in id_at:
+        *objects, last = path.split(".")
+        node = value
+        for name in objects:
+            node = node.setdefault(name, {})
+        node[last] = eid
+    return value
+
+
+def _event(rng: random.Random, seq: int, now_ms: int, id_at: tuple[str, ...]) -> tuple[bytes, bytes, int]:
     eid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
     value = {
-        "id": eid,
+        **_with_id(eid, id_at),
         "seq": seq,
         "account": f"acct-{rng.randrange(1000):04d}",
         "amount_cents": rng.randrange(100, 100_000),
@@ -70,7 +83,7 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
              wrong_partition_ratio: float = 0.05, poison: int = 0, partitioner: str = "murmur2",
              rate: float | None = None, seed: int | None = None,
              progress: Callable[[dict], None] | None = None,
-             producer_config: dict | None = None) -> dict:
+             producer_config: dict | None = None, id_at: tuple[str, ...] = ("id",)) -> dict:
     """Sends `count` records (originals + resends) and `poison` malformed ones; returns stats."""
     if not 0 <= dup_ratio < 1 or not 0 <= wrong_partition_ratio <= 1:
         raise ValueError("dup_ratio must be in [0, 1) and wrong_partition_ratio in [0, 1]")
@@ -103,7 +116,7 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
                 key, value, ts = sent[-1 - back]
                 stats["duplicates"] += 1
             else:
-                key, value, ts = _event(rng, stats["unique"], int(time.time() * 1000))
+                key, value, ts = _event(rng, stats["unique"], int(time.time() * 1000), id_at)
                 sent.append((key, value, ts))
                 stats["unique"] += 1
             p = part(key, partitions)
