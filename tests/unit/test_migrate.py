@@ -1,4 +1,4 @@
-"""State transfer helpers (eopipe.dedup.migrate): integrity checks and the export format."""
+"""State transfer helpers (eopipe.dedup.migrate, eopipe.dedup.transfer): integrity checks and the export format."""
 
 import hashlib
 import tarfile
@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from eopipe.dedup import migrate
+from eopipe.dedup import migrate, transfer
 from eopipe.dedup.store import StateStore
 
 BODY = b"x" * 100_000
@@ -38,18 +38,18 @@ def server():
 def test_download_checks_size_and_checksum(server, tmp_path):
     url, routes = server
     good = hashlib.sha256(BODY).hexdigest()
-    routes["/ok"] = (200, {"Content-Length": str(len(BODY)), migrate.H_SHA: good}, BODY)
-    routes["/bad-sum"] = (200, {"Content-Length": str(len(BODY)), migrate.H_SHA: "0" * 64}, BODY)
-    routes["/short"] = (200, {"Content-Length": str(len(BODY) + 10), migrate.H_SHA: good}, BODY)
+    routes["/ok"] = (200, {"Content-Length": str(len(BODY)), transfer.H_SHA: good}, BODY)
+    routes["/bad-sum"] = (200, {"Content-Length": str(len(BODY)), transfer.H_SHA: "0" * 64}, BODY)
+    routes["/short"] = (200, {"Content-Length": str(len(BODY) + 10), transfer.H_SHA: good}, BODY)
     routes["/gone"] = (410, {}, b"")
-    assert migrate.download(f"{url}/ok", tmp_path / "f")["sha256"] == good
-    with pytest.raises(migrate.TransferError, match="sha256 mismatch"):
-        migrate.download(f"{url}/bad-sum", tmp_path / "f")
-    with pytest.raises(migrate.TransferError):
-        migrate.download(f"{url}/short", tmp_path / "f", timeout=2)
+    assert transfer.download(f"{url}/ok", tmp_path / "f")["sha256"] == good
+    with pytest.raises(transfer.TransferError, match="sha256 mismatch"):
+        transfer.download(f"{url}/bad-sum", tmp_path / "f")
+    with pytest.raises(transfer.TransferError):
+        transfer.download(f"{url}/short", tmp_path / "f", timeout=2)
     for path in ("/gone", "/missing"):
-        with pytest.raises(migrate.TransferError) as e:
-            migrate.fetch_with_retries(f"{url}{path}", tmp_path / "f", deadline=1e18)
+        with pytest.raises(transfer.TransferError) as e:
+            transfer.fetch_with_retries(f"{url}{path}", tmp_path / "f", deadline=1e18)
         assert e.value.final  # 404/410: rebuild at once, no retries
 
 
@@ -62,11 +62,11 @@ def test_a_busy_peer_is_asked_again_soon_and_others_back_off(server, tmp_path):
     def on_retry(e):
         retried.append(e)
         # the 6th request finds the snapshot ready
-        routes["/snap"] = next(answers, (200, {"Content-Length": str(len(BODY)), migrate.H_SHA: good}, BODY))
+        routes["/snap"] = next(answers, (200, {"Content-Length": str(len(BODY)), transfer.H_SHA: good}, BODY))
     routes["/snap"] = next(answers)
     import time
     t0 = time.monotonic()
-    facts = migrate.fetch_with_retries(f"{url}/snap", tmp_path / "f", deadline=time.monotonic() + 30,
+    facts = transfer.fetch_with_retries(f"{url}/snap", tmp_path / "f", deadline=time.monotonic() + 30,
                                        on_retry=on_retry)
     waited = time.monotonic() - t0
     assert facts["sha256"] == good and facts["ms"] >= 0
@@ -77,8 +77,8 @@ def test_a_busy_peer_is_asked_again_soon_and_others_back_off(server, tmp_path):
 def test_retries_end_at_the_deadline(tmp_path):
     import time
     t0 = time.monotonic()
-    with pytest.raises(migrate.TransferError) as e:  # nobody listens there: connection refused
-        migrate.fetch_with_retries("http://127.0.0.1:9/snapshots/0", tmp_path / "f", deadline=time.monotonic() + 1.5)
+    with pytest.raises(transfer.TransferError) as e:  # nobody listens there: connection refused
+        transfer.fetch_with_retries("http://127.0.0.1:9/snapshots/0", tmp_path / "f", deadline=time.monotonic() + 1.5)
     assert not e.value.final and time.monotonic() - t0 < 5
 
 
@@ -100,7 +100,7 @@ def test_snapshot_round_trip_and_unsafe_members_refused(tmp_path):
         f = tmp_path / "x"
         f.write_bytes(b"1")
         tf.add(f, arcname="../x")
-    with pytest.raises(migrate.TransferError, match="unexpected member"):
+    with pytest.raises(transfer.TransferError, match="unexpected member"):
         migrate.install_snapshot(evil, b, 5)
 
 

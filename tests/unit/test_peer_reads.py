@@ -1,7 +1,7 @@
 """Every read of a peer is bounded, and a bad answer is never a crash: the operator's read of a
 pod's /status (eopipe.core.wire.read_status), a state transfer's download (size announced, disk
 room, no longer body), the parse of a re-shard export, and, through the worker's real handoff
-code (dedup/handoff.py) against a loopback peer, that each malformed transfer ends in a rebuild.
+code (dedup/incoming.py) against a loopback peer, that each malformed transfer ends in a rebuild.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import pytest
 
 from eopipe.core.assignment import Assignment
 from eopipe.core.wire import H_KEYS, H_SHA, H_STOPPED, MigrationMethod, PodStatus, ReshardRequest, read_status
-from eopipe.dedup import handoff, migrate
+from eopipe.dedup import incoming, migrate, transfer
 from eopipe.dedup.http import HttpServer
 from eopipe.dedup.metrics import Metrics
-from eopipe.dedup.recovery import REPLAY
 from eopipe.dedup.store import StateStore
 
 WAIT = 5.0  # a bound for a test that fails, never a speed assertion
@@ -147,7 +146,7 @@ SHA = hashlib.sha256(DATA).hexdigest()
 def test_a_good_transfer(peer, tmp_path):
     url, answer = peer
     answer[0] = raw(ok(DATA, Content_Length=len(DATA), **{H_SHA: SHA, H_KEYS: 7}), DATA)
-    facts = migrate.download(url + "/x", tmp_path / "f")
+    facts = transfer.download(url + "/x", tmp_path / "f")
     assert facts["bytes"] == len(DATA) and facts[H_KEYS] == 7 and facts[H_STOPPED] is None
     assert (tmp_path / "f").read_bytes() == DATA
 
@@ -167,20 +166,20 @@ def test_a_good_transfer(peer, tmp_path):
 def test_a_bad_transfer_is_a_transfer_error(peer, tmp_path, answer, match, final):
     url, ans = peer
     ans[0] = answer
-    with pytest.raises(migrate.TransferError, match=match) as e:
-        migrate.download(url + "/x", tmp_path / "f", timeout=WAIT)
+    with pytest.raises(transfer.TransferError, match=match) as e:
+        transfer.download(url + "/x", tmp_path / "f", timeout=WAIT)
     assert e.value.final is final
 
 
 def test_a_transfer_must_fit_on_disk(peer, tmp_path, monkeypatch):
     url, answer = peer
     answer[0] = raw(ok(DATA, Content_Length=len(DATA), **{H_SHA: SHA}), DATA)
-    monkeypatch.setattr(migrate, "free_bytes", lambda path: migrate.DISK_MARGIN + len(DATA) - 1)
-    with pytest.raises(migrate.TransferError, match="do not fit") as e:
-        migrate.download(url + "/x", tmp_path / "f")
+    monkeypatch.setattr(transfer, "free_bytes", lambda path: transfer.DISK_MARGIN + len(DATA) - 1)
+    with pytest.raises(transfer.TransferError, match="do not fit") as e:
+        transfer.download(url + "/x", tmp_path / "f")
     assert e.value.final and not (tmp_path / "f").exists()  # refused before a byte was written
-    monkeypatch.setattr(migrate, "free_bytes", lambda path: migrate.DISK_MARGIN + len(DATA))
-    assert migrate.download(url + "/x", tmp_path / "f")["bytes"] == len(DATA)
+    monkeypatch.setattr(transfer, "free_bytes", lambda path: transfer.DISK_MARGIN + len(DATA))
+    assert transfer.download(url + "/x", tmp_path / "f")["bytes"] == len(DATA)
 
 
 def test_a_snapshot_unpacks_only_plain_files_that_fit(tmp_path, monkeypatch):
@@ -190,8 +189,8 @@ def test_a_snapshot_unpacks_only_plain_files_that_fit(tmp_path, monkeypatch):
     plain = tmp_path / "plain.tar"
     with tarfile.open(plain, "w") as tf:
         tf.add(f, arcname="CURRENT")
-    monkeypatch.setattr(migrate, "free_bytes", lambda path: migrate.DISK_MARGIN + 999)
-    with pytest.raises(migrate.TransferError, match="do not fit"):
+    monkeypatch.setattr(transfer, "free_bytes", lambda path: transfer.DISK_MARGIN + 999)
+    with pytest.raises(transfer.TransferError, match="do not fit"):
         migrate.install_snapshot(plain, store, 0)
     assert not store.exists(0)
     monkeypatch.undo()
@@ -201,7 +200,7 @@ def test_a_snapshot_unpacks_only_plain_files_that_fit(tmp_path, monkeypatch):
         info.type = tarfile.GNUTYPE_SPARSE
         tf.addfile(info)
     for bad in (sparse,):
-        with pytest.raises(migrate.TransferError, match="unexpected member"):
+        with pytest.raises(transfer.TransferError, match="unexpected member"):
             migrate.install_snapshot(bad, store, 0)
 
 
@@ -226,7 +225,7 @@ def test_a_good_export_parses():
     (GOOD, 0, "more than the 0"),
 ])
 def test_a_malformed_export_is_a_final_transfer_error(data, keys, match):
-    with pytest.raises(migrate.TransferError, match=match) as e:
+    with pytest.raises(transfer.TransferError, match=match) as e:
         migrate.parse_export(data, keys)
     assert e.value.final
 
@@ -239,42 +238,28 @@ def test_an_own_export_is_checked_against_its_manifest(tmp_path):
     assert len(migrate.read_own_export(tmp_path, 9, 1, q, man)) == man["targets"][str(q)]["keys"]
     f = migrate.export_dir(tmp_path, 9, 1) / f"to-{q}.bin"
     f.write_bytes(f.read_bytes()[:-1] + b"!")   # same size, another sha
-    with pytest.raises(migrate.TransferError, match="does not match"):
+    with pytest.raises(transfer.TransferError, match="does not match"):
         migrate.read_own_export(tmp_path, 9, 1, q, man)
     f.unlink()
-    with pytest.raises(migrate.TransferError, match="own export"):
+    with pytest.raises(transfer.TransferError, match="own export"):
         migrate.read_own_export(tmp_path, 9, 1, q, man)
 
 
 # -- every malformed transfer ends in a rebuild -------------------------------------------------
 class FakeStore:
-    """The partition's open store, as handoff.reshard uses it."""
+    """The partition's open store, as incoming.reshard reads it."""
 
-    def __init__(self):
-        self.reshard_id = None
-        self.applied: list = []
+    reshard_id = None
 
     def iter_keys(self):
         return iter(())
 
-    def apply(self, entries, offset, **kw):
-        self.applied.append((list(entries), offset, kw))
+
+CFG = SimpleNamespace(me="pod-b", token="t0k", handoff_timeout_seconds=3.0, partitioner="murmur2")
 
 
-def runner(tmp_path, assignment: Assignment, p: int):
-    calls: list = []
-    r = SimpleNamespace(
-        p=p, halt=threading.Event(), migration=None, committed=42, store=FakeStore(),
-        plan=SimpleNamespace(action=REPLAY),
-        cfg=SimpleNamespace(me="pod-b", token="t0k", handoff_timeout_seconds=3.0, partitioner="murmur2",
-                            window_ms=3_600_000, segment_ms=900_000),
-        w=SimpleNamespace(assignment=assignment, store=StateStore(tmp_path / "b", window_ms=3_600_000,
-                                                                   segment_ms=900_000, memory_bytes=16 << 20)),
-        source=SimpleNamespace(watermarks=lambda p: (0, 100)),
-        set_state=lambda s: calls.append(("state", s)),
-        rebuild=lambda end, lo, since: calls.append(("rebuild", end, lo)),
-        assign=lambda off: calls.append(("assign", off)))
-    return r, calls
+def states(tmp_path) -> StateStore:
+    return StateStore(tmp_path / "b", window_ms=3_600_000, segment_ms=900_000, memory_bytes=16 << 20)
 
 
 def export_server(tmp_path, body: bytes, headers: dict) -> HttpServer:
@@ -292,12 +277,14 @@ def _reshard_importing(tmp_path, body: bytes, keys):
     try:
         a = Assignment(5, {0: "pod-a", 1: "pod-b", 2: "pod-b", 3: "pod-a"}, partition_count=4,
                        reshard={"id": 1, "from": 2, "to": 4, "peers": {"pod-a": f"http://127.0.0.1:{s.port}"}})
-        r, calls = runner(tmp_path, a, 2)
-        migrate.write_exports(r.w.store.root, 1, 1, iter(()), lambda k, n: 1, 4)
-        handoff.reshard(r)
+        st, calls = states(tmp_path), []
+        migrate.write_exports(st.root, 1, 1, iter(()), lambda k, n: 1, 4)
+        imp = incoming.reshard(CFG, st, a, 2, FakeStore(), False, threading.Event(),
+                               importing=lambda: calls.append("importing"))
     finally:
         s.stop()
-    return r, calls
+    assert calls == ["importing"]
+    return imp
 
 
 @pytest.mark.parametrize("body, keys", [
@@ -310,17 +297,16 @@ def _reshard_importing(tmp_path, body: bytes, keys):
 ], ids=["cut-record", "cut-key", "length-past-end", "trailing", "too-many-keys", "too-few-keys"])
 def test_a_malformed_reshard_import_rebuilds(tmp_path, body, keys):
     # pod-a answers with a checksum-correct but malformed export.
-    r, calls = _reshard_importing(tmp_path, body, keys)
-    assert ("rebuild", 42, 0) in calls and ("assign", 42) in calls
-    assert r.migration.method is MigrationMethod.REBUILD and r.migration.reason
-    assert r.store.applied == [([], None, {"partition_count": 4, "reshard_id": 1})]
+    imp = _reshard_importing(tmp_path, body, keys)
+    assert imp.rebuild and imp.entries == [] and (imp.reshard, imp.to) == (1, 4)
+    assert imp.migration.method is MigrationMethod.REBUILD and imp.migration.reason
 
 
 def test_a_good_reshard_import_is_applied(tmp_path):
-    r, calls = _reshard_importing(tmp_path, GOOD, 3)
-    assert not any(c[0] == "rebuild" for c in calls)
-    assert r.migration.method is MigrationMethod.RESHARD_IMPORT and r.migration.keys == 3
-    assert r.store.applied[0][0] == migrate.parse_export(GOOD)
+    imp = _reshard_importing(tmp_path, GOOD, 3)
+    assert not imp.rebuild and (imp.reshard, imp.to) == (1, 4)
+    assert imp.migration.method is MigrationMethod.RESHARD_IMPORT and imp.migration.keys == 3
+    assert imp.entries == migrate.parse_export(GOOD)
 
 
 @pytest.mark.parametrize("answer", [
@@ -333,9 +319,10 @@ def test_a_malformed_snapshot_rebuilds(tmp_path, peer, answer):
     url, ans = peer
     ans[0] = answer
     a = Assignment(3, {0: "pod-b"}, partition_count=1, handoffs={0: {"from": "pod-a", "url": url}})
-    r, _ = runner(tmp_path, a, 0)
-    handoff.take_over(r)
-    assert r.migration.method is MigrationMethod.REBUILD and r.migration.reason
-    assert not r.w.store.exists(0)  # recovery finds no store: it rebuilds
-    assert not list((r.w.store.root / "snapshots").glob("incoming-*"))
+    st, calls = states(tmp_path), []
+    m = incoming.take_over(CFG, st, a, 0, threading.Event(), fetching=lambda: calls.append("fetching"))
+    assert calls == ["fetching"]
+    assert m.method is MigrationMethod.REBUILD and m.reason
+    assert not st.exists(0)  # recovery finds no store: it rebuilds
+    assert not list((st.root / "snapshots").glob("incoming-*"))
 

@@ -106,13 +106,13 @@ def test_the_worker_writes_what_the_operator_reads(tmp_path):
     try:
         w.generation = 2
         w.owned = (0, 1)
-        r0 = w.runners[0] = PartitionRunner(w, 0)
+        r0 = w.runners[0] = PartitionRunner(w.context, 0)
         r0.set_state(PartitionState.RUNNING)
         r0.committed, r0.lag = 77, 3
         r0.recovery = Recovery(recovery=RecoveryAction.REBUILD, applied_before=None, replayed=77,
                                recovery_seconds=1.5, high_watermark=80)
         r0.migration = Migration(method=MigrationMethod.RESHARD_IMPORT, reshard=4, keys=10, bytes=100)
-        w.runners[1] = PartitionRunner(w, 1)
+        w.runners[1] = PartitionRunner(w.context, 1)
         w.outgoing.released[5] = {"bytes": 7}
         w.metrics.totals.add(5, 4, 1, 0)
         w.metrics.totals.add(3, 2, 0, 1)

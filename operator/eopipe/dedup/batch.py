@@ -1,57 +1,85 @@
-"""A partition's open transaction, and the hot path that fills it from polled records.
+"""A partition's open transaction: begun by its first record, filled by the hot path from the
+polled records, committed or aborted here; the runner (dedup/partition.py) decides what an error
+means for the partition.
 
 Per record (docs/design.md#one-transaction): extract the key (malformed -> the DLQ), check its
 home partition (not p -> reroute it there: docs/design.md#reroute), then per batch look the
 rest up (the open transaction's keys, then one multi-get per live segment) and emit the unseen
 ones. Nothing is remembered in the store until the transaction commits
-(docs/design.md#state-after-commit): until then its keys are only in `pending`.
+(docs/design.md#state-after-commit): until then its keys are only in `pending`; commit() writes
+them with the new offset in one RocksDB batch.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from logging import WARNING
+from typing import Callable
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, TopicPartition
 
 from eopipe.core import partitioner as partitioners
 from eopipe.core.headers import H_OFFSET, H_PARTITION, H_REASON, H_REROUTED, H_TOPIC
 from eopipe.core.keys import MalformedRecord, extract
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
-from eopipe.dedup.txn import FENCED_CODES, Abortable, Fenced, TxnCalls
+from eopipe.dedup.partition_store import PartitionStore
+from eopipe.dedup.txn import API_TIMEOUT_S, FENCED_CODES, Abortable, Fenced, TxnCalls
 
 log = logging.getLogger("eopipe.dedup")
 
 
-class Transaction:
-    """The open transaction of partition p: begun by its first record, ended by the runner."""
+@dataclass(slots=True)
+class Counts:
+    """The records of one transaction, by what became of them (added once per polled batch)."""
 
-    def __init__(self, cfg: WorkerConfig, partition: int, producer, store, calls: TxnCalls,
-                 home_count, no_dedup: bool, committed: int):
+    consumed: int = 0
+    emitted: int = 0
+    duplicates: int = 0
+    rerouted: int = 0
+    dead_lettered: int = 0
+
+
+@dataclass(frozen=True)
+class Committed:
+    offset: int          # the committed offset now (== the store's applied offset)
+    counts: Counts       # what the transaction held
+    seconds: float       # send_offsets_to_transaction + commit_transaction
+
+
+class Transaction:
+    """The open transaction of partition p, from begin to commit or abort."""
+
+    def __init__(self, cfg: WorkerConfig, partition: int, producer, consumer, store: PartitionStore,
+                 calls: TxnCalls, home_count: Callable[[], int], no_dedup: bool, committed: int,
+                 after_commit: Callable[[int], None] = lambda p: None):
         self.cfg = cfg
         self.p = partition
         self.out_p = partition  # the output partition; -1 once the output turned out too small
         self.producer = producer
+        self.consumer = consumer          # its group metadata goes with the offsets
         self.store = store
         self.calls = calls
         self.home_count = home_count      # the partition count of the home check, read per batch
         self.no_dedup = no_dedup          # the test-only fault: every record counts as new
         self.home = partitioners.get(cfg.partitioner)
+        self.after_commit = after_commit  # the test-only fault between commit and store write
         self.reset(committed)
 
     def reset(self, committed: int) -> None:
         """After a commit or an abort: empty, ending where it starts (`committed`)."""
+        self.committed = committed
         self.open = False
         self.began = time.monotonic()
         self.records = 0
         self.deadline = 0.0
         self.pending: dict[bytes, int] = {}
         self.next_offset = committed
-        self.counts = [0, 0, 0, 0, 0]  # consumed, emitted, duplicates, rerouted, dead-lettered
+        self.counts = Counts()
 
-    def _begin(self) -> None:
+    def begin(self) -> None:
         self.calls("begin_transaction", self.producer.begin_transaction)
         self.open = True
         self.began = time.monotonic()
@@ -80,7 +108,7 @@ class Transaction:
                 event(log, WARNING, "consumer error", partition=p, error=str(err))
                 continue
             if not self.open:
-                self._begin()
+                self.begin()
             last = m
             n += 1
             key, value, headers = m.key(), m.value(), m.headers()
@@ -137,13 +165,51 @@ class Transaction:
             emitted += 1
         self.producer.poll(0)
         c = self.counts
-        c[0] += n
-        c[1] += emitted
-        c[2] += dups
-        c[3] += rerouted
-        c[4] += dead
+        c.consumed += n
+        c.emitted += emitted
+        c.duplicates += dups
+        c.rerouted += rerouted
+        c.dead_lettered += dead
         self.records += n
         self.next_offset = last.offset() + 1
+
+    def commit(self, deadline: float | None = None) -> Committed:
+        """Sends the offsets and commits, each under the watchdog; then remembers the keys in the
+        store, atomically with the new offset, and starts empty there. Raises Abortable, Stalled
+        (the outcome is unknown) or Fenced: what they mean for p is the runner's decision."""
+        offsets = [TopicPartition(self.cfg.source_topic, self.p, self.next_offset)]
+        t0 = time.monotonic()
+        # A commit never outlives the transaction timeout: by then the coordinator aborts the
+        # transaction and bumps the epoch, so waiting longer cannot help; give up a second
+        # before, replace the producer and let its init_transactions settle the transaction.
+        stall_by = max(t0 + 1.0, self.began + self.cfg.transaction_timeout_seconds - 1.0)
+        deadline = stall_by if deadline is None else min(deadline, stall_by)
+
+        def left() -> float:
+            return max(1.0, min(API_TIMEOUT_S, deadline - time.monotonic()))
+
+        producer, consumer = self.producer, self.consumer
+        self.calls("send_offsets_to_transaction", lambda: producer.send_offsets_to_transaction(
+            offsets, consumer.consumer_group_metadata(), left()), deadline=deadline, timeout=left(),
+            stall=True)
+        self.calls("commit_transaction", lambda: producer.commit_transaction(left()),
+                   deadline=deadline, timeout=left(), stall=True)
+        seconds = time.monotonic() - t0
+        self.after_commit(self.p)
+        # Only now is the batch's effect final: remember its keys, atomically with the offset.
+        self.store.apply(self.pending, self.next_offset)
+        done = Committed(self.next_offset, self.counts, seconds)
+        self.reset(self.next_offset)
+        return done
+
+    def abort(self, timeout: float | None = None) -> None:
+        """Aborts under the watchdog and starts empty at the committed offset (the runner seeks
+        the consumer back). Raises Abortable or Stalled (the outcome is unknown), or Fenced."""
+        timeout = min(API_TIMEOUT_S, self.cfg.transaction_timeout_seconds if timeout is None else timeout)
+        producer = self.producer
+        self.calls("abort_transaction", lambda: producer.abort_transaction(timeout), timeout=timeout,
+                   deadline=time.monotonic() + timeout, stall=True)
+        self.reset(self.committed)
 
     def _produce(self, produce, topic, value, key, partition, ts, headers, m) -> bool:
         """Sends one record; False: it was too large to send, and a reference to the consumed

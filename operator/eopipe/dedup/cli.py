@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
 from eopipe.core import cliargs, kafkaconf
-from eopipe.core.keys import KeySpec
+from eopipe.core.durations import format_duration
 from eopipe.dedup import auth
 from eopipe.dedup.config import WorkerConfig, default_http_host, parse_partitions
 
@@ -19,8 +20,15 @@ def _partitions(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+# WorkerConfig's defaults, the one home of each (a default_factory is called for its value).
+DEFAULTS = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(WorkerConfig)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     env = os.environ.get
+    d = DEFAULTS
     ap = subparsers.add_parser(
         "dedup", help="run the exactly-once dedup worker (the process of a dedup pod)",
         description="Deduplicate the owned source partitions into the output topic with Kafka "
@@ -32,8 +40,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ap.add_argument("--dlq-topic", help="dead-letter topic for malformed records "
                                         "(default <namespace>.<pipeline>.dlq, the operator's default name)")
     ap.add_argument("--pipeline", required=True, help="pipeline name (part of transactional.id and group)")
-    ap.add_argument("--namespace", default=env("POD_NAMESPACE", "default"),
-                    help="namespace (env POD_NAMESPACE; default 'default')")
+    ap.add_argument("--namespace", default=env("POD_NAMESPACE", d["namespace"]),
+                    help=f"namespace (env POD_NAMESPACE; default {d['namespace']!r})")
     ap.add_argument("--partitions", type=_partitions,
                     help="fixed owned partitions, e.g. 0,1,2 or 0-5 (instead of an assignment)")
     ap.add_argument("--assignment-file", type=Path,
@@ -44,36 +52,39 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                          "on the API: seen in a second instead of the kubelet's volume refresh; the "
                          "newer generation of file and ConfigMap wins")
     ap.add_argument("--pod-name", default=env("POD_NAME"), help="this pod's name in the assignment (env POD_NAME)")
-    ap.add_argument("--key", type=cliargs.key_spec, default=KeySpec(),
+    ap.add_argument("--key", type=cliargs.key_spec, default=d["key_spec"],
                     help="dedup key: 'key', 'header:NAME' or 'json:FIELD' (default: key)")
-    ap.add_argument("--window", type=cliargs.duration_seconds, default=24 * 3600.0,
-                    help="dedup window by event time, Go duration syntax: 15m, 24h, 168h (default 24h)")
-    ap.add_argument("--segments", type=cliargs.positive_int, default=4,
-                    help="time segments per window; expiry drops one whole segment (default 4)")
-    ap.add_argument("--partitioner", choices=["murmur2", "crc32"], default="murmur2",
+    ap.add_argument("--window", type=cliargs.duration_seconds, default=d["window_seconds"],
+                    help="dedup window by event time, Go duration syntax: 15m, 24h, 168h "
+                         f"(default {format_duration(d['window_seconds'])})")
+    ap.add_argument("--segments", type=cliargs.positive_int, default=d["segments"],
+                    help=f"time segments per window; expiry drops one whole segment (default {d['segments']})")
+    ap.add_argument("--partitioner", choices=["murmur2", "crc32"], default=d["partitioner"],
                     help="the producers' partitioner, defines a key's home partition")
-    ap.add_argument("--state-dir", type=Path, default=Path(env("EOPIPE_STATE_DIR", "/var/lib/eopipe")),
+    ap.add_argument("--state-dir", type=Path, default=Path(env("EOPIPE_STATE_DIR", d["state_dir"])),
                     help="RocksDB directory, on the pod's PersistentVolume (env EOPIPE_STATE_DIR)")
     ap.add_argument("--http-host", default=default_http_host(), help="default: env POD_IP, else 127.0.0.1")
-    ap.add_argument("--http-port", type=cliargs.port, default=8080,
+    ap.add_argument("--http-port", type=cliargs.port, default=d["http_port"],
                     help="port of /healthz, /readyz, /metrics, /status and the state transfer "
-                         "(default 8080; 0 picks a free port, logged)")
-    ap.add_argument("--commit-interval-ms", type=cliargs.positive_int, default=100,
-                    help="a transaction commits at the latest this long after it began (default 100)")
-    ap.add_argument("--max-batch", type=cliargs.positive_int, default=20_000,
-                    help="records per transaction at most (default 20000)")
-    ap.add_argument("--memory-mb", type=cliargs.positive_int, default=256,
+                         f"(default {d['http_port']}; 0 picks a free port, logged)")
+    ap.add_argument("--commit-interval-ms", type=cliargs.positive_int, default=d["commit_interval_ms"],
+                    help=f"a transaction commits at the latest this long after it began (default {d['commit_interval_ms']})")
+    ap.add_argument("--max-batch", type=cliargs.positive_int, default=d["max_batch"],
+                    help=f"records per transaction at most (default {d['max_batch']})")
+    ap.add_argument("--memory-mb", type=cliargs.positive_int, default=d["memory_mb"],
                     help="RocksDB memory (block cache + memtables) for the whole process")
     ap.add_argument("--kafka-config", type=cliargs.key_value, action="append", default=[], metavar="KEY=VALUE",
                     help="extra librdkafka setting for all clients, repeatable; also read from env "
                          "EOPIPE_KAFKA_* (EOPIPE_KAFKA_SASL_USERNAME -> sasl.username), as the operator sets them")
     ap.add_argument("--handoff-timeout", type=cliargs.seconds, metavar="SECONDS",
-                    default=float(env("EOPIPE_HANDOFF_TIMEOUT_SECONDS", "120")),
+                    default=float(env("EOPIPE_HANDOFF_TIMEOUT_SECONDS", d["handoff_timeout_seconds"])),
                     help="how long a new owner waits for a moved partition's state before it rebuilds "
-                         "it from the source (env EOPIPE_HANDOFF_TIMEOUT_SECONDS; default 120)")
-    ap.add_argument("--transaction-timeout", type=cliargs.seconds, metavar="SECONDS", default=60.0,
+                         f"it from the source (env EOPIPE_HANDOFF_TIMEOUT_SECONDS; default {d['handoff_timeout_seconds']:g})")
+    ap.add_argument("--transaction-timeout", type=cliargs.seconds, metavar="SECONDS",
+                    default=d["transaction_timeout_seconds"],
                     help="the producers' transaction.timeout.ms in seconds, and how long a commit may "
-                         "stall before the partition replaces its producer and consumer (default 60)")
+                         "stall before the partition replaces its producer and consumer "
+                         f"(default {d['transaction_timeout_seconds']:g})")
     ap.add_argument("--token-file", metavar="PATH", default=env("EOPIPE_TOKEN_FILE"),
                     help="file with the pipeline's bearer token of /snapshots and /reshard, sent to the "
                          "other pods too (env EOPIPE_TOKEN_FILE; else the token itself in env EOPIPE_TOKEN, "

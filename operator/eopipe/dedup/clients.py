@@ -91,3 +91,19 @@ def discard(producer, consumer, stuck: bool) -> None:
                 pass
 
     threading.Thread(target=close, name="discard-clients", daemon=True).start()
+
+
+def close(producer, consumer, stuck: bool) -> None:
+    """Closes a stopping partition's producer (delivering what it still holds, 5 s at most)
+    and consumer, on the partition thread. A producer with a call stuck inside is left to the
+    fencing by its successor."""
+    if producer is not None and not stuck:
+        try:
+            producer.flush(5)
+        except Exception:  # noqa: BLE001
+            pass
+    if consumer is not None:
+        try:
+            consumer.close()
+        except Exception:  # noqa: BLE001
+            pass

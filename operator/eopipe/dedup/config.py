@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eopipe.core import names
+from eopipe.core import defaults, names
 from eopipe.core.keys import KeySpec
 
 
@@ -39,12 +39,12 @@ class WorkerConfig:
     assignment_configmap: str | None = None
     pod_name: str | None = None
     key_spec: KeySpec = field(default_factory=KeySpec)
-    window_seconds: float = 24 * 3600.0
+    window_seconds: float = float(defaults.WINDOW_SECONDS)
     segments: int = 4                       # the window is kept in this many time segments (+1 open)
     partitioner: str = "murmur2"
-    state_dir: Path = Path("/var/lib/eopipe")
+    state_dir: Path = Path(defaults.STATE_DIR)
     http_host: str = "127.0.0.1"
-    http_port: int = 8080
+    http_port: int = defaults.HTTP_PORT
     commit_interval_ms: int = 100
     max_batch: int = 20_000                 # records per transaction at most
     consume_batch: int = 5_000              # records per consume() call at most

@@ -7,6 +7,8 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from eopipe.core.wire import PartitionState
+
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
@@ -40,6 +42,47 @@ class Metrics:
         self.owned = Gauge("eopipe_dedup_partitions_owned", "Partitions in the current assignment", registry=r)
         self.source_partitions = Gauge("eopipe_dedup_source_partitions", "Source topic partition count", registry=r)
         self.memory = Gauge("eopipe_dedup_rocksdb_memory_bytes", "RocksDB shared memory", ["kind"], registry=r)
+
+
+class PartitionMetrics:
+    """Partition p's series, labelled once (the runner's thread updates them)."""
+
+    def __init__(self, m: Metrics, partition: int):
+        self.m = m
+        lbl = self.lbl = str(partition)
+        self.consumed = m.consumed.labels(lbl)
+        self.emitted = m.emitted.labels(lbl)
+        self.duplicates = m.duplicates.labels(lbl)
+        self.rerouted = m.rerouted.labels(lbl)
+        self.dead_lettered = m.dead_lettered.labels(lbl)
+        self.aborts = m.aborts.labels(lbl)
+        self.commit_latency = m.commit_latency.labels(lbl)
+        self.batch_records = m.batch_records.labels(lbl)
+
+    def state(self, state: PartitionState) -> None:
+        for s in PartitionState:
+            self.m.partition_state.labels(self.lbl, s.value).set(1 if s is state else 0)
+
+    def committed(self, done) -> None:
+        """A transaction committed (dedup/batch.Committed): its counts, latency and size."""
+        c = done.counts
+        self.commit_latency.observe(done.seconds)
+        self.consumed.inc(c.consumed)
+        self.emitted.inc(c.emitted)
+        self.duplicates.inc(c.duplicates)
+        self.rerouted.inc(c.rerouted)
+        self.dead_lettered.inc(c.dead_lettered)
+        self.m.totals.add(c.consumed, c.emitted, c.duplicates, c.dead_lettered)
+        self.batch_records.observe(c.consumed)
+
+    def progress(self, committed: int | None, lag: int | None, store_stats: dict) -> None:
+        lbl, m = self.lbl, self.m
+        if lag is not None:
+            m.lag.labels(lbl).set(lag)
+        m.committed.labels(lbl).set(committed or 0)
+        m.state_keys.labels(lbl).set(store_stats["keys"])
+        m.state_bytes.labels(lbl).set(store_stats["bytes"])
+        m.effective_window.labels(lbl).set(store_stats["effective_window_seconds"])
 
 
 class Totals:

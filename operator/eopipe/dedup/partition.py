@@ -22,38 +22,29 @@ import logging
 import threading
 import time
 from logging import ERROR, INFO, WARNING
-from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-from eopipe.core.wire import Migration, PartitionState, PartitionStatus, Recovery
-from eopipe.dedup import clients, handoff, recovery
+from eopipe.core.wire import Migration, MigrationMethod, PartitionState, PartitionStatus, Recovery, RecoveryAction
+from eopipe.dedup import clients, incoming, recovery, restore
 from eopipe.dedup.batch import Transaction
 from eopipe.dedup.config import WorkerConfig
+from eopipe.dedup.context import PartitionContext
 from eopipe.dedup.logs import event
+from eopipe.dedup.metrics import PartitionMetrics
+from eopipe.dedup.partition_store import PartitionStore
+from eopipe.dedup.recovery import window_start_ms
 from eopipe.dedup.replay import SourceReader
-from eopipe.dedup.txn import (
-    API_TIMEOUT_S,
-    Abortable,
-    Fenced,
-    Stalled,
-    Stopping,
-    TxnCalls,
-    Wedged,
-    fencing_was_a_timeout,
-)
-
-if TYPE_CHECKING:
-    from eopipe.dedup.worker import Worker
+from eopipe.dedup.txn import API_TIMEOUT_S, Abortable, Fenced, Stalled, Stopping, TxnCalls, Wedged, fencing_was_a_timeout
 
 log = logging.getLogger("eopipe.dedup")
 
 
 class PartitionRunner(threading.Thread):
-    def __init__(self, worker: Worker, partition: int):
+    def __init__(self, ctx: PartitionContext, partition: int):
         super().__init__(name=f"partition-{partition}", daemon=True)
-        self.w = worker
-        self.cfg: WorkerConfig = worker.cfg
+        self.ctx = ctx
+        self.cfg: WorkerConfig = ctx.cfg
         self.p = partition
         self.error: str | None = None
         self.committed: int | None = None      # the group's committed offset == store's applied
@@ -68,19 +59,10 @@ class PartitionRunner(threading.Thread):
         self.consumer: Consumer | None = None
         self.producer: Producer | None = None
         self.source: SourceReader | None = None
-        self.store = None
+        self.store: PartitionStore | None = None
         self.txn: Transaction | None = None
         self.started_at_ms = int(time.time() * 1000)
-        m = worker.metrics
-        lbl = str(partition)
-        self.m_consumed = m.consumed.labels(lbl)
-        self.m_emitted = m.emitted.labels(lbl)
-        self.m_dups = m.duplicates.labels(lbl)
-        self.m_rerouted = m.rerouted.labels(lbl)
-        self.m_dlq = m.dead_lettered.labels(lbl)
-        self.m_aborts = m.aborts.labels(lbl)
-        self.m_commit = m.commit_latency.labels(lbl)
-        self.m_batch = m.batch_records.labels(lbl)
+        self.metrics = PartitionMetrics(ctx.metrics, partition)
         self.set_state(PartitionState.STARTING)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -89,17 +71,19 @@ class PartitionRunner(threading.Thread):
 
     def set_state(self, state: PartitionState) -> None:
         self.state = state
-        for s in PartitionState:
-            self.w.metrics.partition_state.labels(str(self.p), s.value).set(1 if s is state else 0)
+        self.metrics.state(state)
 
     def run(self) -> None:
         try:
-            handoff.take_over(self)
+            self.migration = incoming.take_over(self.cfg, self.ctx.store, self.ctx.assignment(), self.p, self.halt,
+                                                fetching=lambda: self.set_state(PartitionState.FETCHING))
             self._open_clients()
             self._recover()
-            handoff.reshard(self)
+            self._reshard()
             self._publish_stats()
-            handoff.record_migration(self)
+            if self.migration is not None:
+                self.migration = incoming.record_migration(self.ctx.store, self.p, self.migration,
+                                                           self.ctx.assignment().generation, self.started_at_ms)
             # Logged before /readyz can say so: whoever saw the pod ready finds the recovery
             # in the log (a test read it a millisecond too early).
             event(log, INFO, "partition running", partition=self.p, committed=self.committed,
@@ -129,22 +113,9 @@ class PartitionRunner(threading.Thread):
 
     def _close_clients(self) -> None:
         self.calls.close()
-        if self.calls.wedged:
-            # A call is stuck inside this producer: leave it to the fencing by its successor.
-            self.producer = None
-        if self.producer is not None:
-            try:
-                self.producer.flush(5)
-            except Exception:  # noqa: BLE001
-                pass
-            self.producer = None
-        if self.consumer is not None:
-            try:
-                self.consumer.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self.consumer = None
-        self.w.store.close_partition(self.p)
+        clients.close(self.producer, self.consumer, stuck=self.calls.wedged)
+        self.producer = self.consumer = None
+        self.ctx.store.close_partition(self.p)
         self.store = None
 
     def assign(self, offset: int) -> None:
@@ -157,58 +128,35 @@ class PartitionRunner(threading.Thread):
         # Fence any older owner of p (a zombie, a pod on a cut-off node): Kafka is the fence.
         clients.connect(self.producer, self.cfg.output_topic)
         self.calls("init_transactions", lambda: self.producer.init_transactions(API_TIMEOUT_S))
-        committed = self.source.committed()
-        lo, hi = self.source.watermarks(self.p)
-        store = self.store = self.w.store.open(self.p)
-        applied = store.applied_offset
-        count = self.w.home_count()
-        rs = self.w.assignment.reshard
-        plan = self.plan = recovery.plan(recovery.Facts(
-            partition=self.p, committed=committed, log_start=lo, applied=applied,
-            store_count=store.partition_count, store_reshard=store.reshard_id, home_count=count,
-            reshard=recovery.Reshard(int(rs["id"]), int(rs["from"]), int(rs["to"])) if rs else None,
-            now_ms=int(time.time() * 1000), window_ms=self.cfg.window_ms, segment_ms=self.cfg.segment_ms))
-        replayed = 0
-        if plan.action is recovery.RESET:
-            self._fresh_store()
-        if plan.skip_below is not None:
-            self.store.apply({}, plan.skip_below)
-        if plan.action is recovery.REPLAY:
-            replayed = self.source.replay(self.store, plan.replay_from, plan.resume_at,
-                                          reshards=self.w.assignment.reshards, count=count)
-        elif plan.action is recovery.REBUILD:
-            replayed = self.rebuild(plan.resume_at, lo, plan.rebuild_since_ms)
-        if plan.lost:
-            event(log, ERROR, "records were deleted by retention before they were processed",
-                  partition=self.p, committed=plan.resume_at, log_start=lo)
-        if plan.mark_complete:
-            self.store.apply({}, None, partition_count=count)
-        self.committed = plan.resume_at
+        done = restore.restore(self.ctx, self.p, self.source, t0)
+        self.store, self.plan, self.committed = done.store, done.plan, done.committed
         self.assign(self.committed)
-        secs = time.monotonic() - t0
-        lbl = str(self.p)
-        self.w.metrics.recovery_seconds.labels(lbl).set(secs)
-        self.w.metrics.committed.labels(lbl).set(self.committed)
-        if replayed:
-            self.w.metrics.replayed.labels(lbl).inc(replayed)
-        self.recovery = Recovery(recovery=plan.action, applied_before=applied, replayed=replayed,
-                                 recovery_seconds=round(secs, 3), high_watermark=hi)
+        self.recovery = done.recovery
 
-    def _fresh_store(self) -> None:
-        self.w.store.drop(self.p)
-        self.store = self.w.store.open(self.p)
-
-    def rebuild(self, end: int, lo: int, since_ms: int) -> int:
-        """The store is missing, ahead of Kafka or stale: an empty one, filled from the source."""
-        self._fresh_store()
-        self.w.metrics.rebuilds.labels(str(self.p)).inc()
-        return self.source.rebuild(self.store, end, lo, since_ms=since_ms,
-                                   reshards=self.w.assignment.reshards, count=self.w.home_count())
+    def _reshard(self) -> None:
+        """Installs what a re-shard gives p (dedup/incoming.reshard): its keys, or a rebuild."""
+        imp = incoming.reshard(self.cfg, self.ctx.store, self.ctx.assignment(), self.p, self.store,
+                               self.plan.action is RecoveryAction.REBUILD, self.halt,
+                               importing=lambda: self.set_state(PartitionState.IMPORTING))
+        if imp is None:
+            return
+        if imp.rebuild:
+            lo, _ = self.source.watermarks(self.p)
+            self.store, _ = restore.rebuild(self.ctx, self.p, self.source, self.committed, lo, window_start_ms(
+                int(time.time() * 1000), self.cfg.window_ms, self.cfg.segment_ms))
+        self.store.apply(imp.entries, None, partition_count=imp.to, reshard_id=imp.reshard)
+        if imp.rebuild:
+            self.assign(self.committed)
+        self.migration = imp.migration
+        if imp.migration.method is MigrationMethod.RESHARD_IMPORT:
+            event(log, INFO, "re-shard import done", partition=self.p, reshard=imp.reshard,
+                  keys=imp.migration.keys, bytes=imp.migration.bytes)
 
     # -- steady state -------------------------------------------------------------------------
     def _new_txn(self) -> Transaction:
-        self.txn = Transaction(self.cfg, self.p, self.producer, self.store, self.calls, self.w.home_count,
-                               self.w.fault.no_dedup, self.committed)
+        self.txn = Transaction(self.cfg, self.p, self.producer, self.consumer, self.store, self.calls,
+                               self.ctx.home_count, self.ctx.fault.no_dedup, self.committed,
+                               after_commit=self.ctx.fault.after_commit)
         return self.txn
 
     def _loop(self) -> None:
@@ -216,6 +164,7 @@ class PartitionRunner(threading.Thread):
         t = self._new_txn()
         next_stats = 0.0
         consume = self.consumer.consume
+        heartbeat = self.ctx.heartbeat.beat
         while not self.halt.is_set():
             if self.txn is not t:  # the clients were replaced after a stall
                 t, consume = self.txn, self.consumer.consume
@@ -241,7 +190,7 @@ class PartitionRunner(threading.Thread):
             if time.monotonic() >= next_stats:
                 self._publish_stats()
                 next_stats = time.monotonic() + 5
-            self.w.heartbeat.beat()
+            heartbeat()
         # Clean stop (SIGTERM, partition moved away): commit what is open, then close.
         self.set_state(PartitionState.STOPPING)
         t = self.txn
@@ -251,24 +200,8 @@ class PartitionRunner(threading.Thread):
 
     def _commit(self, deadline: float | None = None) -> None:
         t = self.txn
-        offsets = [TopicPartition(self.cfg.source_topic, self.p, t.next_offset)]
-        t0 = time.monotonic()
-        # A commit never outlives the transaction timeout: by then the coordinator aborts the
-        # transaction and bumps the epoch, so waiting longer cannot help; give up a second
-        # before, replace the producer and let its init_transactions settle the transaction.
-        stall_by = max(t0 + 1.0, t.began + self.cfg.transaction_timeout_seconds - 1.0)
-        deadline = stall_by if deadline is None else min(deadline, stall_by)
-
-        def left() -> float:
-            return max(1.0, min(API_TIMEOUT_S, deadline - time.monotonic()))
-
-        producer, consumer = self.producer, self.consumer
         try:
-            self.calls("send_offsets_to_transaction", lambda: producer.send_offsets_to_transaction(
-                offsets, consumer.consumer_group_metadata(), left()), deadline=deadline, timeout=left(),
-                stall=True)
-            self.calls("commit_transaction", lambda: producer.commit_transaction(left()),
-                       deadline=deadline, timeout=left(), stall=True)
+            done = t.commit(deadline)
         except Abortable as e:
             self._abort(str(e))
             return
@@ -280,30 +213,15 @@ class PartitionRunner(threading.Thread):
                 raise
             self._replace_clients(f"{e} (after the transaction timeout)")
             return
-        self.m_commit.observe(time.monotonic() - t0)
-        self.w.fault.after_commit(self.p)
-        # Only now is the batch's effect final: remember its keys, atomically with the offset.
-        self.store.apply(t.pending, t.next_offset)
-        self.committed = t.next_offset
-        c = t.counts
-        self.m_consumed.inc(c[0])
-        self.m_emitted.inc(c[1])
-        self.m_dups.inc(c[2])
-        self.m_rerouted.inc(c[3])
-        self.m_dlq.inc(c[4])
-        self.w.metrics.totals.add(c[0], c[1], c[2], c[4])
-        self.m_batch.observe(t.records)
-        t.reset(self.committed)
+        self.committed = done.offset
+        self.metrics.committed(done)
 
     def _abort(self, why: str) -> None:
         event(log, WARNING, "aborting transaction; going back to the committed offset",
               partition=self.p, reason=why, committed=self.committed)
-        self.m_aborts.inc()
-        timeout = min(API_TIMEOUT_S, self.cfg.transaction_timeout_seconds)
-        producer = self.producer
+        self.metrics.aborts.inc()
         try:
-            self.calls("abort_transaction", lambda: producer.abort_transaction(timeout), timeout=timeout,
-                       deadline=time.monotonic() + timeout, stall=True)
+            self.txn.abort()
         except (Abortable, Stalled) as e:
             self._replace_clients(f"abort failed: {e}", aborted=True)
             return
@@ -312,20 +230,17 @@ class PartitionRunner(threading.Thread):
                 raise
             self._replace_clients(f"{e} (after the transaction timeout)", aborted=True)
             return
-        self.txn.reset(self.committed)
         self.assign(self.committed)
 
     def _timed_out_not_fenced(self, t: Transaction) -> bool:
         """Replace the producer rather than stop p for good? (txn.fencing_was_a_timeout)"""
-        age = time.monotonic() - t.began
-        a = None
-        if age >= self.cfg.transaction_timeout_seconds and self.cfg.partitions is None:
+        age, cfg, a = time.monotonic() - t.began, self.cfg, None
+        if age >= cfg.transaction_timeout_seconds and cfg.partitions is None:
             try:
-                a = self.w.assignments.read()
+                a = self.ctx.read_assignment()
             except Exception:  # noqa: BLE001 - unknown ownership: stay fenced
-                a = None
-        return fencing_was_a_timeout(age, self.cfg.transaction_timeout_seconds, self.cfg.partitions is not None,
-                                     a, self.cfg.me, self.p)
+                pass
+        return fencing_was_a_timeout(age, cfg.transaction_timeout_seconds, cfg.partitions is not None, a, cfg.me, self.p)
 
     def _replace_clients(self, why: str, aborted: bool = False) -> None:
         """A commit-path call timed out or hung: whether the transaction committed is unknown,
@@ -337,12 +252,11 @@ class PartitionRunner(threading.Thread):
         event(log, WARNING, "transaction stalled; replacing producer and consumer and fencing the old producer",
               partition=self.p, reason=why, committed=self.committed, replaced=self.replaced + 1)
         self.replaced += 1
-        self.m_aborts.inc()
+        self.metrics.aborts.inc()
         calls, producer, consumer = self.calls, self.producer, self.consumer
         if not calls.wedged and not aborted:
             try:  # best effort, briefly: the new producer's init_transactions aborts it anyway
-                calls("abort_transaction", lambda: producer.abort_transaction(2.0), timeout=2.0,
-                      deadline=time.monotonic() + 2, stall=True)
+                self.txn.abort(2.0)
             except (Abortable, Stalled, Fenced, RuntimeError) as e:
                 event(log, INFO, "abort before replacing the producer failed", partition=self.p, error=str(e))
         calls.close()
@@ -361,22 +275,16 @@ class PartitionRunner(threading.Thread):
 
     # -- reporting ------------------------------------------------------------------------------
     def _publish_stats(self) -> None:
-        lbl = str(self.p)
-        m = self.w.metrics
+        lag = None
         try:
             _, hi = self.consumer.get_watermark_offsets(
                 TopicPartition(self.cfg.source_topic, self.p), cached=True)
             if hi is not None and hi >= 0 and self.committed is not None:
-                self.lag = max(0, hi - self.committed)
-                m.lag.labels(lbl).set(self.lag)
+                lag = self.lag = max(0, hi - self.committed)
         except KafkaException:
             pass
-        m.committed.labels(lbl).set(self.committed or 0)
-        st = self.store.stats()
-        m.state_keys.labels(lbl).set(st["keys"])
-        m.state_bytes.labels(lbl).set(st["bytes"])
-        m.effective_window.labels(lbl).set(st["effective_window_seconds"])
-        self.stats = st
+        self.stats = self.store.stats()
+        self.metrics.progress(self.committed, lag, self.stats)
 
     def status(self) -> PartitionStatus:
         return PartitionStatus(state=self.state, error=self.error, committed=self.committed, lag=self.lag,

@@ -22,36 +22,12 @@ Layout under the state directory:
 from __future__ import annotations
 
 import shutil
-import struct
 import threading
-import time
 from pathlib import Path
-from typing import Iterable
 
-from rocksdict import BlockBasedOptions, Cache, Checkpoint, Options, Rdict, WriteBatch, WriteBufferManager
+from rocksdict import BlockBasedOptions, Cache, Options, WriteBufferManager
 
-MAX_SKEW_MS = 60_000
-_META_APPLIED = b"applied_offset"
-_META_WATERMARK = b"watermark_ms"
-_META_COVERED = b"covered_since_ms"
-# The source partition count this partition's keys are complete for (set after a re-shard
-# import; absent in stores that never went through one) and the last re-shard imported.
-_META_NPARTS = b"partition_count"
-_META_RESHARD = b"reshard_id"
-_SEG_PREFIX = "seg-"
-_I64 = struct.Struct(">q")
-
-
-def _enc(v: int) -> bytes:
-    return _I64.pack(v)
-
-
-def _dec(b: bytes | None) -> int | None:
-    return None if b is None else _I64.unpack(b)[0]
-
-
-def _seg_name(start_ms: int) -> str:
-    return f"{_SEG_PREFIX}{start_ms:016d}"
+from eopipe.dedup.partition_store import PartitionStore
 
 
 class StateStore:
@@ -101,7 +77,7 @@ class StateStore:
     def exists(self, partition: int) -> bool:
         return (self.path(partition) / "CURRENT").exists()
 
-    def open(self, partition: int) -> "PartitionStore":
+    def open(self, partition: int) -> PartitionStore:
         with self._lock:
             ps = self._open.get(partition)
             if ps is None:
@@ -140,169 +116,3 @@ class StateStore:
             stores, self._open = list(self._open.values()), {}
         for ps in stores:
             ps.close()
-
-
-class PartitionStore:
-    """The dedup state of one source partition. Used by one thread at a time."""
-
-    def __init__(self, parent: StateStore, partition: int):
-        self.parent = parent
-        self.partition = partition
-        self.path = parent.path(partition)
-        self.path.mkdir(parents=True, exist_ok=True)
-        names = Rdict.list_cf(str(self.path), parent.options()) if (self.path / "CURRENT").exists() else ["default"]
-        cfs = {n: parent.options() for n in names if n != "default"}
-        self._db = Rdict(str(self.path), parent.options(), column_families=cfs or None)
-        self._segments: dict[int, Rdict] = {}
-        self._handles: dict[int, object] = {}
-        for n in names:
-            if n.startswith(_SEG_PREFIX):
-                start = int(n[len(_SEG_PREFIX):])
-                self._segments[start] = self._db.get_column_family(n)
-                self._handles[start] = self._db.get_column_family_handle(n)
-        self.applied_offset: int | None = _dec(self._db.get(_META_APPLIED))
-        self.watermark_ms: int | None = _dec(self._db.get(_META_WATERMARK))
-        self.covered_since_ms: int | None = _dec(self._db.get(_META_COVERED))
-        self.partition_count: int | None = _dec(self._db.get(_META_NPARTS))
-        self.reshard_id: int | None = _dec(self._db.get(_META_RESHARD))
-        self._closed = False
-
-    # -- reads ----------------------------------------------------------------------------
-    def contains(self, keys: list[bytes]) -> set[bytes]:
-        """The subset of `keys` present in any live segment (batched multi-gets)."""
-        found: set[bytes] = set()
-        remaining = keys
-        for start in sorted(self._segments, reverse=True):  # recent segments hit most
-            if not remaining:
-                break
-            vals = self._segments[start].get(remaining)
-            hit = [k for k, v in zip(remaining, vals) if v is not None]
-            if hit:
-                found.update(hit)
-                remaining = [k for k, v in zip(remaining, vals) if v is None]
-        return found
-
-    def segment_starts(self) -> list[int]:
-        return sorted(self._segments)
-
-    def iter_keys(self):
-        """(segment start ms, key) for every key of every live segment."""
-        for start in sorted(self._segments):
-            it = self._segments[start].iter()
-            it.seek_to_first()
-            while it.valid():
-                yield start, it.key()
-                it.next()
-
-    # -- writes ---------------------------------------------------------------------------
-    def _oldest_live_start(self, watermark: int) -> int:
-        cut = watermark - self.parent.window_ms
-        return (cut // self.parent.segment_ms) * self.parent.segment_ms
-
-    def apply(self, entries: dict[bytes, int] | Iterable[tuple[bytes, int]], applied_offset: int | None,
-              *, covered_since_ms: int | None = None, now_ms: int | None = None,
-              partition_count: int | None = None, reshard_id: int | None = None) -> None:
-        """Atomically adds keys (key -> event time ms) and sets applied_offset (None: keep it;
-        a re-shard import adds keys without moving the offset) and the re-shard meta.
-
-        Then drops the segments that fell out of the window."""
-        items = entries.items() if isinstance(entries, dict) else entries
-        seg_ms = self.parent.segment_ms
-        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        by_seg: dict[int, list[bytes]] = {}
-        wm = self.watermark_ms
-        for key, ts in items:
-            if ts is None or ts <= 0:
-                ts = now_ms
-            by_seg.setdefault((ts // seg_ms) * seg_ms, []).append(key)
-            if wm is None or ts > wm:
-                wm = ts
-        if wm is not None:
-            wm = min(wm, now_ms + MAX_SKEW_MS)
-            if self.watermark_ms is not None:
-                wm = max(wm, self.watermark_ms)
-            oldest = self._oldest_live_start(wm)
-            if any(s < oldest for s in by_seg):
-                late = [k for s in [s for s in by_seg if s < oldest] for k in by_seg.pop(s)]
-                by_seg.setdefault(oldest, []).extend(late)
-        wb = WriteBatch(raw_mode=True)
-        for start, keys in by_seg.items():
-            h = self._handle(start)
-            for k in keys:
-                wb.put(k, b"", h)
-        if applied_offset is not None:
-            wb.put(_META_APPLIED, _enc(applied_offset))
-        if partition_count is not None:
-            wb.put(_META_NPARTS, _enc(partition_count))
-        if reshard_id is not None:
-            wb.put(_META_RESHARD, _enc(reshard_id))
-        if wm is not None:
-            wb.put(_META_WATERMARK, _enc(wm))
-        if covered_since_ms is not None:
-            wb.put(_META_COVERED, _enc(covered_since_ms))
-        self._db.write(wb)
-        if applied_offset is not None:
-            self.applied_offset = applied_offset
-        if partition_count is not None:
-            self.partition_count = partition_count
-        if reshard_id is not None:
-            self.reshard_id = reshard_id
-        self.watermark_ms = wm
-        if covered_since_ms is not None:
-            self.covered_since_ms = covered_since_ms
-        if wm is not None:
-            self.expire()
-
-    def _handle(self, start: int):
-        h = self._handles.get(start)
-        if h is None:
-            name = _seg_name(start)
-            self._segments[start] = self._db.create_column_family(name, self.parent.options())
-            h = self._handles[start] = self._db.get_column_family_handle(name)
-        return h
-
-    def expire(self) -> list[int]:
-        """Drops whole segments that ended at or before watermark - window."""
-        if self.watermark_ms is None:
-            return []
-        cut = self.watermark_ms - self.parent.window_ms
-        dropped = [s for s in self._segments if s + self.parent.segment_ms <= cut]
-        for s in dropped:
-            self._segments.pop(s, None)
-            self._handles.pop(s, None)
-            self._db.drop_column_family(_seg_name(s))
-        return dropped
-
-    # -- reporting ------------------------------------------------------------------------
-    def effective_window_ms(self) -> int:
-        """How far back a duplicate is surely caught: the window, less any history the store
-        never saw (a rebuild from a source whose retention had already dropped records)."""
-        w = self.parent.window_ms
-        if self.covered_since_ms is None or self.watermark_ms is None:
-            return w
-        return max(0, min(w, self.watermark_ms - self.covered_since_ms))
-
-    def stats(self) -> dict:
-        keys = sst = mem = 0
-        for cf in self._segments.values():
-            keys += cf.property_int_value("rocksdb.estimate-num-keys") or 0
-            sst += cf.property_int_value("rocksdb.total-sst-files-size") or 0
-            mem += cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
-        return {"keys": keys, "bytes": sst + mem, "sst_bytes": sst, "memtable_bytes": mem,
-                "segments": len(self._segments), "applied_offset": self.applied_offset,
-                "watermark_ms": self.watermark_ms,
-                "effective_window_seconds": self.effective_window_ms() / 1000}
-
-    def checkpoint(self, dest: Path | str) -> Path:
-        """A consistent on-disk copy (hard links where possible) for a handoff."""
-        Checkpoint(self._db).create_checkpoint(str(dest))
-        return Path(dest)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._segments.clear()
-        self._handles.clear()
-        self._db.close()
-        del self._db

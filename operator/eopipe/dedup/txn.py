@@ -25,7 +25,6 @@ from eopipe.dedup.logs import event
 log = logging.getLogger("eopipe.dedup")
 
 FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
-TXN_TIMEOUT_S = 60.0
 API_TIMEOUT_S = 15.0
 WATCHDOG_GRACE_S = 10.0
 

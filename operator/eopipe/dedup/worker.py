@@ -2,9 +2,10 @@
 restarts the ones that failed, serves HTTP, and stops cleanly on SIGTERM.
 
 docs/design.md#architecture: one process owns a set of source partitions; each partition runs
-on its own thread (dedup/partition.py) through take-over (dedup/handoff.py), recovery
-(dedup/recovery.py), the steady state and its stop. This thread, the control loop, also
-refreshes the source partition count and releases the partitions handed to other pods.
+on its own thread (dedup/partition.py) through take-over (dedup/incoming.py), recovery
+(dedup/restore.py), the steady state and its stop; a runner sees only its PartitionContext
+(dedup/context.py), never this Worker. This thread, the control loop, also refreshes the source
+partition count and releases the partitions handed to other pods (dedup/outgoing.py).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from eopipe.core.assignment import Assignment
 from eopipe.core.wire import PartitionState, PodStatus
 from eopipe.dedup.assignment_source import AssignmentSource
 from eopipe.dedup.config import WorkerConfig
+from eopipe.dedup.context import PartitionContext
 from eopipe.dedup.faults import FaultHook
-from eopipe.dedup.handoff import Outgoing
 from eopipe.dedup.http import HttpServer
 from eopipe.dedup.logs import event
 from eopipe.dedup.metrics import Heartbeat, Metrics
+from eopipe.dedup.outgoing import Outgoing, Ownership
 from eopipe.dedup.partition import PartitionRunner
 from eopipe.dedup.store import StateStore
 
@@ -74,6 +76,10 @@ class Worker:
         self.owned: tuple[int, ...] = ()
         self.assignment: Assignment = Assignment(-1)
         self.outgoing = Outgoing(self.store, cfg.me)
+        self.ownership = Ownership()  # what the HTTP thread serves state transfers by
+        self.context = PartitionContext(cfg=cfg, store=self.store, metrics=self.metrics, heartbeat=self.heartbeat,
+                                        fault=self.fault, assignment=lambda: self.assignment,
+                                        home_count=self.home_count, read_assignment=self.assignments.read)
         self._stuck: list[PartitionRunner] = []
         self._halt = threading.Event()
         self._restart_at: dict[int, float] = {}
@@ -116,7 +122,7 @@ class Worker:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         self.http = HttpServer(cfg.http_host, cfg.http_port, self.metrics, self.status, self.ready,
-                               self.heartbeat.alive, files=lambda req: self.outgoing.serve(self, req),
+                               self.heartbeat.alive, files=lambda req: self.outgoing.serve(self.ownership, req),
                                token=cfg.token, insecure=cfg.insecure_state_endpoints)
         self.http.start()
         self.assignments.start()
@@ -186,6 +192,7 @@ class Worker:
             self.assignment, self.generation, self.owned = a, a.generation, owned
             self.metrics.generation.set(a.generation)
             self.metrics.owned.set(len(owned))
+            self._publish_ownership()
         runnable = self.runnable()
         stopped: dict[int, int] = {}
         leaving = [p for p in self.runners if p not in runnable]
@@ -213,6 +220,11 @@ class Worker:
                     self._restart_at.pop(p, None)
                     event(log, WARNING, f"restarting {r.state} partition", partition=p, error=r.error)
                     self._start(p)
+        self._publish_ownership()
+
+    def _publish_ownership(self) -> None:
+        """A new snapshot for the HTTP thread (replaced whole: it never sees one half-made)."""
+        self.ownership = Ownership(self.generation, self.owned, frozenset(self.runners), self.assignment.handoffs)
 
     def _restartable(self) -> tuple[PartitionState, ...]:
         """Fenced while the assignment still gives p to this pod: a zombie that had not yet read
@@ -224,7 +236,7 @@ class Worker:
         return (PartitionState.FAILED,)
 
     def _start(self, p: int) -> None:
-        r = self.runners[p] = PartitionRunner(self, p)
+        r = self.runners[p] = PartitionRunner(self.context, p)
         r.start()
 
 

@@ -1,0 +1,187 @@
+"""The new owner's side of a rebalance: what a partition's state gets from other pods.
+
+Taking a partition over by the old owner's snapshot (docs/design.md#snapshot-handoff), the
+export and import of keys whose home moved in a re-shard
+(docs/design.md#re-shard-on-partition-growth), and the record of how the state came here. Each
+is a function of facts that returns what to install; the runner (dedup/partition.py) applies it.
+Any transfer that fails ends in a rebuild from the source topic: slower, never wrong. The file
+mechanics are in dedup/migrate.py, the HTTP ones in dedup/transfer.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import tarfile
+import threading
+import time
+from dataclasses import dataclass
+from logging import INFO, WARNING
+from typing import Callable
+
+from eopipe.core import partitioner as partitioners
+from eopipe.core.assignment import Assignment
+from eopipe.core.wire import H_KEYS, H_STOPPED, Migration, MigrationMethod, ReshardRequest, SnapshotRequest
+from eopipe.dedup import migrate, transfer
+from eopipe.dedup.config import WorkerConfig
+from eopipe.dedup.logs import event
+from eopipe.dedup.partition_store import PartitionStore
+from eopipe.dedup.store import StateStore
+from eopipe.dedup.transfer import TransferError
+from eopipe.dedup.txn import Stopping
+
+log = logging.getLogger("eopipe.dedup")
+
+
+# -- handoff ------------------------------------------------------------------------------------
+def take_over(cfg: WorkerConfig, states: StateStore, a: Assignment, p: int, halt: threading.Event,
+              fetching: Callable[[], None]) -> Migration | None:
+    """If p is being handed to this pod, fetch the old owner's snapshot and unpack it as p's
+    store; returns how p's state got here (None: not a handoff). Any failure leaves the store
+    missing, so recovery rebuilds it. Runs before the store is opened and before
+    init_transactions; `fetching` is called when a download starts."""
+    ho = a.handoffs.get(p)
+    if not ho or ho.get("from") in (None, cfg.me):
+        return None
+    rec = migrate.read_migration_record(states.root, p)
+    if states.exists(p):
+        if rec and rec.get("generation") == a.generation:
+            return Migration.from_json({**rec, "restarted": True})
+        return Migration(method=MigrationMethod.LOCAL, generation=a.generation, from_=ho.get("from"))
+    fetching()
+    t0 = time.monotonic()
+    url = ho["url"].rstrip("/") + SnapshotRequest(p, a.generation).path
+    tmp = states.root / "snapshots" / f"incoming-{p}.tar"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    m = Migration(generation=a.generation, from_=ho.get("from"))
+    said: set[str] = set()
+
+    def retrying(e: TransferError) -> None:  # once per kind: a 503 is asked again every 50 ms
+        if (kind := "busy" if e.busy else str(e)) not in said:
+            said.add(kind)
+            event(log, INFO, "snapshot not available yet; retrying", partition=p, error=str(e))
+    try:
+        facts = transfer.fetch_with_retries(
+            url, tmp, deadline=time.monotonic() + cfg.handoff_timeout_seconds,
+            should_stop=halt.is_set, token=cfg.token, on_retry=retrying)
+        t1 = time.monotonic()
+        migrate.install_snapshot(tmp, states, p)
+        m = m.model_copy(update=dict(
+            method=MigrationMethod.SNAPSHOT, bytes=facts["bytes"], sha256=facts["sha256"],
+            fetch_ms=int((time.monotonic() - t0) * 1000),
+            transfer_ms=facts["ms"] + int((time.monotonic() - t1) * 1000),
+            stopped_at_ms=facts.get(H_STOPPED)))
+        event(log, INFO, "snapshot installed", partition=p, bytes=facts["bytes"],
+              source=ho.get("from"), fetch_ms=m.fetch_ms, transfer_ms=m.transfer_ms)
+    except (TransferError, OSError, tarfile.TarError) as e:
+        if halt.is_set():
+            raise Stopping() from None
+        states.drop(p)
+        m = m.model_copy(update=dict(method=MigrationMethod.REBUILD, bytes=0, reason=str(e)[:300]))
+        event(log, WARNING, "snapshot transfer failed: rebuilding from the source topic",
+              partition=p, source=ho.get("from"), error=str(e))
+    finally:
+        tmp.unlink(missing_ok=True)
+    return m
+
+
+# -- re-shard -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Import:
+    """What a re-shard gives p: the keys to apply, after which p's store is complete for `to`
+    partitions; or, with `rebuild`, none: rebuild p from the source instead."""
+
+    reshard: int
+    to: int
+    entries: list[tuple[bytes, int]]
+    migration: Migration
+    rebuild: bool = False
+
+
+def reshard(cfg: WorkerConfig, states: StateStore, a: Assignment, p: int, store: PartitionStore, rebuilt: bool,
+            halt: threading.Event, importing: Callable[[], None]) -> Import | None:
+    """During a re-shard (N -> N2, all partitions were paused first): export the keys of this
+    old partition whose home moved, then gather the keys that moved into p from every old
+    partition's owner. None: nothing to import. `rebuilt`: p's store was rebuilt just now (it
+    holds keys by the new count only); `importing` is called when the import starts."""
+    rs = a.reshard
+    if not rs:
+        return None
+    rid, frm, to = int(rs["id"]), int(rs["from"]), int(rs["to"])
+    root = states.root
+    if p < frm and migrate.read_export_manifest(root, rid, p) is None:
+        # Rebuilt: say the export is missing, and the importers rebuild instead of trusting it.
+        man = migrate.write_exports(root, rid, p, store.iter_keys(), partitioners.get(cfg.partitioner), to,
+                                    missing=rebuilt)
+        event(log, INFO, "re-shard export written", partition=p, reshard=rid, missing=rebuilt,
+              targets={q: t["keys"] for q, t in man["targets"].items()})
+    if store.reshard_id == rid or p >= to:
+        return None
+    if rebuilt:
+        return Import(rid, to, [], Migration(method=MigrationMethod.REBUILD, reshard=rid, keys=0, bytes=0))
+    t0 = time.monotonic()
+    importing()
+    try:
+        entries, nbytes = _gather(cfg, root, a, p, rid, frm, rs.get("peers") or {}, halt)
+    except TransferError as e:
+        if halt.is_set():
+            raise Stopping() from None
+        event(log, WARNING, "re-shard import failed: rebuilding from the source topic",
+              partition=p, reshard=rid, error=str(e))
+        return Import(rid, to, [], Migration(method=MigrationMethod.REBUILD, reshard=rid, reason=str(e)[:300]),
+                      rebuild=True)
+    return Import(rid, to, entries, Migration(method=MigrationMethod.RESHARD_IMPORT, reshard=rid, keys=len(entries),
+                                              bytes=nbytes, import_ms=int((time.monotonic() - t0) * 1000)))
+
+
+def _gather(cfg: WorkerConfig, root, a: Assignment, p: int, rid: int, frm: int, peers: dict,
+            halt: threading.Event) -> tuple[list[tuple[bytes, int]], int]:
+    """The keys every other old partition exported to p: read from disk for the partitions this
+    pod owns, fetched from their owners for the rest. Returns them and the bytes read."""
+    deadline = time.monotonic() + cfg.handoff_timeout_seconds
+    entries: list[tuple[bytes, int]] = []
+    nbytes = 0
+    for src in range(frm):
+        if src == p:
+            continue
+        owner = a.owners.get(src)
+        if owner == cfg.me:
+            man = None
+            while man is None:
+                man = migrate.read_export_manifest(root, rid, src)
+                if man is None:
+                    if time.monotonic() > deadline or halt.is_set():
+                        raise TransferError(f"own export of {src} not written")
+                    time.sleep(0.2)
+            if man.get("missing"):
+                raise TransferError(f"export of {src} unavailable", final=True)
+            got = migrate.read_own_export(root, rid, src, p, man)
+            nbytes += ((man.get("targets") or {}).get(str(p)) or {}).get("bytes", 0)
+        else:
+            url = peers.get(owner)
+            if not url:
+                raise TransferError(f"no address for {owner}, owner of {src}", final=True)
+            tmp = root / "reshard" / f"incoming-{p}-{src}.bin"
+            try:
+                tmp.parent.mkdir(parents=True, exist_ok=True)
+                facts = transfer.fetch_with_retries(url.rstrip("/") + ReshardRequest(rid, src, p).path, tmp,
+                                                    deadline=deadline, should_stop=halt.is_set, token=cfg.token)
+                data = tmp.read_bytes()
+            except OSError as e:  # our own disk: a TransferError too, so the partition rebuilds
+                raise TransferError(f"import from {src}: {e.strerror or e}") from None
+            finally:
+                tmp.unlink(missing_ok=True)
+            nbytes += len(data)
+            got = migrate.parse_export(data, facts.get(H_KEYS))
+        entries.extend(got)
+    return entries, nbytes
+
+
+# -- the record ---------------------------------------------------------------------------------
+def record_migration(states: StateStore, p: int, m: Migration, generation: int, started_at_ms: int) -> Migration:
+    """p runs: note the pause it saw and keep the record, so a restart still reports it."""
+    now = int(time.time() * 1000)
+    m = m.model_copy(update=dict(
+        pause_ms=m.pause_ms if m.pause_ms is not None else max(0, now - (m.stopped_at_ms or started_at_ms)),
+        generation=generation, running_at_ms=now))
+    migrate.save_migration_record(states.root, p, m.to_json())
+    return m
