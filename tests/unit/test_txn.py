@@ -1,5 +1,7 @@
 """What a transactional call's outcome means for the partition (eopipe.dedup.txn): a table over
-real confluent-kafka errors, the watchdog, and the fenced-after-timeout decision."""
+real confluent-kafka errors, the watchdog, and the fenced-after-timeout decision; and the
+Transaction's own commit and abort (eopipe.dedup.batch): the store is written only after Kafka
+committed, and a failed commit or abort forgets nothing."""
 
 from __future__ import annotations
 
@@ -83,3 +85,97 @@ MINE = Assignment(3, {0: "pod-a", 1: "pod-b"}, partition_count=2)
 ])
 def test_fencing_after_the_transaction_timeout(age, fixed, assignment, expected):
     assert fencing_was_a_timeout(age, 60, fixed, assignment, "pod-a", 0) is expected
+
+
+# -- the Transaction's own commit and abort (dedup/batch.py) ------------------------------------
+class FakeProducer:
+    """Records the transactional calls in order; `fail` maps a call to the error it raises."""
+
+    def __init__(self, log, fail=None):
+        self.log, self.fail = log, fail or {}
+
+    def _call(self, name):
+        self.log.append(name)
+        if name in self.fail:
+            raise KafkaException(KafkaError(self.fail[name], "test", **FLAGS.get(self.fail[name], {})))
+
+    def begin_transaction(self):
+        self._call("begin_transaction")
+
+    def send_offsets_to_transaction(self, offsets, metadata, timeout):
+        self.log.append(("offsets", [(o.topic, o.partition, o.offset) for o in offsets], metadata))
+
+    def commit_transaction(self, timeout):
+        self._call("commit_transaction")
+
+    def abort_transaction(self, timeout):
+        self._call("abort_transaction")
+
+
+FLAGS = {KafkaError.INVALID_TXN_STATE: {"txn_requires_abort": True}, KafkaError._TIMED_OUT: {"retriable": True}}
+
+
+class FakeStore:
+    def __init__(self, log):
+        self.log = log
+
+    def apply(self, entries, offset, **kw):
+        self.log.append(("apply", dict(entries), offset))
+
+
+def transaction(log, fail=None):
+    from types import SimpleNamespace
+
+    from eopipe.dedup.batch import Transaction
+    from eopipe.dedup.config import WorkerConfig
+
+    cfg = WorkerConfig(bootstrap="127.0.0.1:9", source_topic="src", output_topic="out", pipeline="p",
+                       partitions=[3], transaction_timeout_seconds=10)
+    t = Transaction(cfg, 3, FakeProducer(log, fail), SimpleNamespace(consumer_group_metadata=lambda: "group"),
+                    FakeStore(log), TxnCalls(3), lambda: 1, False, committed=5,
+                    after_commit=lambda p: log.append(("after_commit", p)))
+    t.begin()
+    t.pending[b"k"] = 1000
+    t.next_offset, t.records = 9, 4
+    t.counts.consumed, t.counts.emitted, t.counts.duplicates = 4, 1, 3
+    return t
+
+
+def test_a_commit_writes_the_store_only_after_kafka_committed():
+    log: list = []
+    t = transaction(log)
+    done = t.commit()
+    assert log == ["begin_transaction", ("offsets", [("src", 3, 9)], "group"), "commit_transaction",
+                   ("after_commit", 3), ("apply", {b"k": 1000}, 9)]
+    assert done.offset == 9 and (done.counts.consumed, done.counts.emitted, done.counts.duplicates) == (4, 1, 3)
+    assert done.counts.rerouted == done.counts.dead_lettered == 0 and done.seconds >= 0
+    # Empty again, starting at the new committed offset.
+    assert not t.open and t.pending == {} and t.records == 0 and t.committed == t.next_offset == 9
+    assert t.counts.consumed == 0
+
+
+def test_a_failed_commit_leaves_the_store_and_the_transaction_to_the_runner():
+    log: list = []
+    t = transaction(log, {"commit_transaction": KafkaError.INVALID_TXN_STATE})
+    with pytest.raises(Abortable):
+        t.commit()
+    assert not any(e[0] in ("apply", "after_commit") for e in log if isinstance(e, tuple))
+    assert t.open and t.pending == {b"k": 1000} and t.committed == 5
+
+
+@pytest.mark.parametrize("fail, expected", [
+    (None, None),
+    (KafkaError._TIMED_OUT, Stalled),                 # outcome unknown: the runner replaces its clients
+    (KafkaError.INVALID_TXN_STATE, Abortable),
+])
+def test_an_abort_goes_back_to_the_committed_offset(fail, expected):
+    log: list = []
+    t = transaction(log, {"abort_transaction": fail} if fail else None)
+    if expected is None:
+        t.abort()
+        assert not t.open and t.pending == {} and t.next_offset == t.committed == 5 and t.counts.consumed == 0
+    else:
+        with pytest.raises(expected):
+            t.abort()
+        assert t.open and t.pending  # not settled: nothing forgotten
+    assert "abort_transaction" in log and not any(isinstance(e, tuple) and e[0] == "apply" for e in log)
