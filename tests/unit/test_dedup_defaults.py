@@ -1,5 +1,5 @@
 """One home per default: `eopipe dedup`'s options default to WorkerConfig's fields, and those to
-core/defaults where the control plane relies on the same value."""
+core/defaults (or core/names) where the control plane relies on the same value."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eopipe.core import defaults
+from eopipe.core import defaults, names
 from eopipe.dedup.cli import add_parser, config_from_args
 from eopipe.dedup.config import WorkerConfig
 
@@ -36,7 +36,7 @@ def test_the_command_line_defaults_are_the_configs(clean_env):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("http_port", defaults.HTTP_PORT),
+    ("http_port", names.DEDUP_HTTP_PORT),
     ("state_dir", Path(defaults.STATE_DIR)),
     ("window_seconds", defaults.WINDOW_SECONDS),
 ])

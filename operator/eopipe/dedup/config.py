@@ -44,7 +44,7 @@ class WorkerConfig:
     partitioner: str = "murmur2"
     state_dir: Path = Path(defaults.STATE_DIR)
     http_host: str = "127.0.0.1"
-    http_port: int = defaults.HTTP_PORT
+    http_port: int = names.DEDUP_HTTP_PORT
     commit_interval_ms: int = 100
     max_batch: int = 20_000                 # records per transaction at most
     consume_batch: int = 5_000              # records per consume() call at most
