@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from eopipe.control.builders.pipeline import objects
+from eopipe.control import topics as topics_plan
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.settings import Settings
 from eopipe.core import manifest
@@ -133,7 +134,9 @@ def test_render_prints_what_the_operator_applies():
     assert app["spec"]["image"] == "reg/spark:1"
     topics = docs[-1]["topics"]
     assert [(t["name"], t["partitions"], t["replicationFactor"], t["config"]) for t in topics] == \
-        [(t.name, t.partitions, t.replication_factor, t.config) for t in desired_topics(names)]
+        [(t.name, t.partitions, t.replication_factor, t.config)
+         for t in (topics_plan.replicated(t, 3) for t in desired_topics(names))]  # as on three brokers
+    assert {(t["replicationFactor"], t["config"]["min.insync.replicas"]) for t in topics} == {(3, "2")}
 
 
 def test_render_a_dedup_only_and_a_paused_pipeline(tmp_path):

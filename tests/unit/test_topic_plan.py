@@ -129,9 +129,13 @@ def _done(value=None, error=None) -> Future:
     return f
 
 
+class _Partition:
+    replicas = [1]
+
+
 class _Topic:
     def __init__(self, n):
-        self.partitions = {i: None for i in range(n)}
+        self.partitions = {i: _Partition() for i in range(n)}
 
 
 class FakeAdmin:
@@ -143,6 +147,7 @@ class FakeAdmin:
     def list_topics(self, timeout=None):
         md = type("Md", (), {})()
         md.topics = {n: _Topic(t.partitions) for n, t in self.topics.items()}
+        md.brokers = {1: None}
         return md
 
     def describe_configs(self, resources, request_timeout=None):
@@ -208,3 +213,63 @@ def test_owned_topics_stay_owned_and_drift_is_reverted():
     report = topics.ensure_topics(admin, [SRC, DEDUPED], ["events"], window_ms=WINDOW, record_owned=pytest.fail)
     assert admin.calls == [("alter", ["events"])] and report.configs_set == {"events": {"retention.ms": str(168 * H)}}
     assert report.owned == ["events"] and report.adopted == ["ns.p.deduped"]
+
+
+# -- replication: an unset factor follows the broker count; an explicit one wins --
+@pytest.mark.parametrize("brokers, explicit, factor, min_insync, warned", [
+    (1, None, 1, 1, True),
+    (2, None, 2, 1, True),
+    (3, None, 3, 2, False),
+    (7, None, 3, 2, False),
+    (0, None, 1, 1, True),   # no broker in the metadata: Kafka's create call says why
+    (1, 1, 1, 1, False),     # explicit: no warning, whatever the cluster
+    (7, 1, 1, 1, False),
+    (3, 2, 2, 2, False),
+    (5, 5, 5, 2, False),
+    (1, 3, 3, 2, False),     # above the broker count: Kafka refuses the create call, as before
+])
+def test_replication_from_the_broker_count(brokers, explicit, factor, min_insync, warned):
+    r = topics.replication(brokers, explicit)
+    assert (r.factor, r.min_insync, r.warning is not None) == (factor, min_insync, warned)
+
+
+UNSET = [TopicSpec("events", 4, None, {"retention.ms": "1"}, "source"),
+         TopicSpec("ns.p.dlq", 1, None, {"retention.ms": "1"}, "dead-letter")]
+
+
+@pytest.mark.parametrize("brokers, factor, min_insync, warning", [
+    (3, 3, "2", None),
+    (1, 1, "1", "the cluster has 1 broker: topics get replication 1 and min.insync.replicas 1 (3 and 2 need 3 "
+                "brokers), so losing a broker can lose records; set source.replicationFactor to choose "
+                "(creating events, ns.p.dlq)"),
+    (2, 2, "1", "the cluster has 2 brokers"),
+])
+def test_topics_without_a_factor_are_created_as_the_brokers_allow(brokers, factor, min_insync, warning):
+    p = plan(UNSET, {}, (), window_ms=WINDOW, brokers=brokers)
+    assert [(t.replication_factor, t.config["min.insync.replicas"]) for t in p.create] == [(factor, min_insync)] * 2
+    assert [w.message for w in p.warnings if warning and w.message.startswith(warning)] == \
+        [w.message for w in p.warnings]
+    assert bool(p.warnings) == bool(warning) and all(w.reason == "LowReplication" for w in p.warnings)
+
+
+def test_an_explicit_factor_wins_and_the_source_config_keeps_its_min_insync():
+    src = TopicSpec("events", 4, 1, {"min.insync.replicas": "1", "retention.ms": "1"}, "source")
+    dlq = TopicSpec("ns.p.dlq", 1, 2, {"retention.ms": "1"}, "dead-letter")
+    p = plan([src, dlq], {}, (), window_ms=WINDOW, brokers=5)
+    assert [(t.replication_factor, t.config["min.insync.replicas"]) for t in p.create] == [(1, "1"), (2, "2")]
+    assert not p.warnings
+    mine = TopicSpec("events", 4, None, {"min.insync.replicas": "1", "retention.ms": "1"}, "source")
+    (t,) = plan([mine], {}, (), window_ms=WINDOW, brokers=3).create
+    assert (t.replication_factor, t.config["min.insync.replicas"]) == (3, "1")
+
+
+@pytest.mark.parametrize("replicas, min_insync, warned", [(1, "1", True), (2, "1", True), (3, "2", False)])
+def test_an_owned_topic_keeps_its_replicas_and_gets_the_min_insync_they_allow(replicas, min_insync, warned):
+    """A topic created before (the old default: 1 replica) on what is now a 3-broker cluster: never
+    a min.insync.replicas above what its replicas can meet (writes would fail), and a warning."""
+    have = Existing(4, {"retention.ms": "1", "min.insync.replicas": "1"}, replication=replicas)
+    p = plan(UNSET[:1], {"events": have}, ["events"], window_ms=WINDOW, brokers=3)
+    assert p.set_configs.get("events", {}).get("min.insync.replicas", "1") == min_insync
+    assert bool(p.warnings) == warned
+    if warned:
+        assert "topic events has replication" in p.warnings[0].message and "kafka-reassign" in p.warnings[0].message

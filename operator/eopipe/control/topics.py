@@ -13,11 +13,16 @@ to do out. The rest is the AdminClient I/O around it.
   compaction) and reports each mismatch with the command that fixes it. It never alters an
   adopted topic's configs or partitions and never deletes it.
 - No topic ever loses partitions: more than desired is refused (Stalled/NotSupported).
+- Replication: a topic without an explicit factor (source.replicationFactor unset) gets it from
+  the cluster's broker count, read in the same step (`replication`): 3 replicas and
+  min.insync.replicas 2 with three or more brokers, else as many as there are brokers, with a
+  warning in the report. An explicit factor always wins (above the broker count, Kafka's
+  create call fails, as it always did).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
 from confluent_kafka import KafkaError, KafkaException
@@ -28,9 +33,46 @@ from eopipe.control.builders.topics import TopicSpec
 
 @dataclass(frozen=True)
 class Existing:
-    """A topic as Kafka has it: partition count and configs (as describe_configs reports them)."""
+    """A topic as Kafka has it: partition count, configs (as describe_configs reports them) and
+    replicas per partition (0: not known)."""
     partitions: int
     config: dict[str, str] = field(default_factory=dict)
+    replication: int = 0
+
+
+# The replication a topic gets when the spec does not set one, given enough brokers: one broker
+# may be lost without losing an acknowledged record or stopping transactional writes.
+SAFE_REPLICATION, SAFE_MIN_INSYNC = 3, 2
+LOW_REPLICATION = "LowReplication"  # the warning's reason (TopicsReady stays True)
+
+
+@dataclass(frozen=True)
+class TopicWarning:
+    """Something the pipeline runs with but should not (a status condition's reason and message)."""
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Replication:
+    factor: int
+    min_insync: int
+    warning: str | None = None  # why this is less than SAFE_REPLICATION / SAFE_MIN_INSYNC
+
+
+def replication(brokers: int, explicit: int | None) -> Replication:
+    """The replication factor and min.insync.replicas of a topic the operator creates. Pure.
+    `explicit`: source.replicationFactor (it wins, with min.insync.replicas min(2, it));
+    `brokers`: the cluster's broker count, which an unset factor follows."""
+    if explicit is not None:
+        return Replication(explicit, min(SAFE_MIN_INSYNC, explicit))
+    if brokers >= SAFE_REPLICATION:
+        return Replication(SAFE_REPLICATION, SAFE_MIN_INSYNC)
+    fits = max(1, brokers)
+    return Replication(fits, 1, f"the cluster has {brokers} broker{'s' if brokers != 1 else ''}: topics get "
+                                f"replication {fits} and min.insync.replicas 1 ({SAFE_REPLICATION} and "
+                                f"{SAFE_MIN_INSYNC} need {SAFE_REPLICATION} brokers), so losing a broker can "
+                                "lose records; set source.replicationFactor to choose")
 
 
 @dataclass(frozen=True)
@@ -55,6 +97,7 @@ class TopicPlan:
     adopted: list[str] = field(default_factory=list)
     owned: list[str] = field(default_factory=list)     # owned and still desired (before creating)
     released: list[str] = field(default_factory=list)  # owned, no longer desired: kept, not owned
+    warnings: list[TopicWarning] = field(default_factory=list)
 
 
 @dataclass
@@ -67,6 +110,7 @@ class TopicReport:
     adopted: list[str] = field(default_factory=list)
     owned: list[str] = field(default_factory=list)  # status.ownedTopics after this pass
     released: list[str] = field(default_factory=list)
+    warnings: list[TopicWarning] = field(default_factory=list)  # TopicsReady stays True, with these
 
     @property
     def changed(self) -> bool:
@@ -107,18 +151,39 @@ def _adopted_checks(t: TopicSpec, have: Existing, window_ms: int, bootstrap: str
     return out
 
 
+def replicated(t: TopicSpec, brokers: int) -> TopicSpec:
+    """`t` with its replication decided: an unset factor from `brokers`, and min.insync.replicas
+    to match unless the topic's own configs set it (source.config)."""
+    r = replication(brokers, t.replication_factor)
+    return replace(t, replication_factor=r.factor, config={"min.insync.replicas": str(r.min_insync), **t.config})
+
+
 def plan(desired: list[TopicSpec], existing: dict[str, Existing], owned: Iterable[str], *,
-         window_ms: int, bootstrap: str = "<bootstrap>") -> TopicPlan:
-    """What to do about `desired` given what Kafka has (`existing`, by name) and what the
-    operator created for this pipeline (`owned`). Pure."""
+         window_ms: int, bootstrap: str = "<bootstrap>", brokers: int = SAFE_REPLICATION) -> TopicPlan:
+    """What to do about `desired` given what Kafka has (`existing`, by name), what the operator
+    created for this pipeline (`owned`) and the cluster's broker count. Pure."""
     owned = set(owned)
     wanted = {t.name for t in desired}
     p = TopicPlan(owned=sorted(owned & wanted), released=sorted(owned - wanted))
+    low = [t.name for t in desired if t.replication_factor is None and t.name not in existing]
+    if low and (why := replication(brokers, None).warning):
+        p.warnings.append(TopicWarning(LOW_REPLICATION, f"{why} (creating {', '.join(low)})"))
     for t in desired:
         have = existing.get(t.name)
         if have is None:
-            p.create.append(t)  # owned once the create call succeeds (or again, if it was owned)
+            p.create.append(replicated(t, brokers))  # owned once the create call succeeds (or again)
             continue
+        if t.replication_factor is not None:
+            t = replicated(t, brokers)
+        elif have.replication:
+            # An existing topic keeps its replicas (changing them is a reassignment, the owner's);
+            # min.insync.replicas follows what it has, as if it had been created on that many brokers.
+            fits = replication(brokers, None).factor
+            if t.name in owned and have.replication < fits:
+                p.warnings.append(TopicWarning(LOW_REPLICATION, (
+                    f"topic {t.name} has replication {have.replication}, the cluster's brokers allow {fits}: "
+                    "raise it with kafka-reassign-partitions.sh")))
+            t = replicated(t, have.replication)
         if have.partitions > t.partitions:
             p.refused[t.name] = (f"topic has {have.partitions} partitions, spec asks for {t.partitions}: "
                                  "Kafka cannot remove partitions")
@@ -136,16 +201,22 @@ def plan(desired: list[TopicSpec], existing: dict[str, Existing], owned: Iterabl
 
 
 # -- I/O ---------------------------------------------------------------------------------------------
-def observe(admin: AdminClient, names: Iterable[str], timeout: float = 30) -> dict[str, Existing]:
-    """The named topics that exist, with partition counts and configs."""
-    md = admin.list_topics(timeout=timeout).topics
+def observe(admin: AdminClient, names: Iterable[str], timeout: float = 30) -> tuple[dict[str, Existing], int]:
+    """The named topics that exist, with partition counts, configs and replicas, and the
+    cluster's broker count (from the same metadata)."""
+    cluster = admin.list_topics(timeout=timeout)
+    md = cluster.topics
     present = [n for n in names if n in md]
     configs: dict[str, dict[str, str]] = {}
     if present:
         resources = [ConfigResource(ConfigResource.Type.TOPIC, n) for n in present]
         for r, fut in admin.describe_configs(resources, request_timeout=timeout).items():
             configs[r.name] = {k: e.value for k, e in fut.result(timeout).items()}
-    return {n: Existing(len(md[n].partitions), configs.get(n, {})) for n in present}
+
+    def replicas(topic) -> int:
+        return max((len(p.replicas) for p in topic.partitions.values()), default=0)
+    return ({n: Existing(len(md[n].partitions), configs.get(n, {}), replicas(md[n])) for n in present},
+            len(cluster.brokers))
 
 
 def _create(admin: AdminClient, topics: list[TopicSpec], timeout: float):
@@ -177,10 +248,10 @@ def ensure_topics(admin: AdminClient, desired: list[TopicSpec], owned: Iterable[
     """Carries out `plan`. `record_owned(owned)` is called as soon as a create call succeeded,
     before anything else happens, so the ownership of a created topic is written down even if a
     later step fails; a topic whose creation was not confirmed is never claimed."""
-    p = plan(desired, observe(admin, [t.name for t in desired], timeout), owned,
-             window_ms=window_ms, bootstrap=bootstrap)
+    existing, brokers = observe(admin, [t.name for t in desired], timeout)
+    p = plan(desired, existing, owned, window_ms=window_ms, bootstrap=bootstrap, brokers=brokers)
     report = TopicReport(refused=p.refused, mismatches=p.mismatches, adopted=list(p.adopted),
-                         owned=list(p.owned), released=p.released)
+                         owned=list(p.owned), released=p.released, warnings=p.warnings)
     created, taken, errors = _create(admin, p.create, timeout)
     report.created = created
     report.adopted += taken  # created by someone else between our look and our create

@@ -64,7 +64,11 @@ class KafkaSpec(Model):
 class SourceSpec(Model):
     topic: TopicName
     partitions: int = Field(ge=1, le=10000, description="may grow, never shrink")
-    replication_factor: int = Field(1, ge=1, le=32)
+    replication_factor: int | None = Field(
+        None, ge=1, le=32,
+        description="of every topic the operator creates, with min.insync.replicas min(2, it); unset: from the "
+                    "cluster's broker count, 3 (min.insync.replicas 2) with three or more brokers, else the "
+                    "broker count (min.insync.replicas 1) and a LowReplication warning in TopicsReady")
     retention: Duration = Field("168h", description="source retention; must cover the dedup window")
     partitioner: Literal["murmur2", "crc32"] = Field(
         "murmur2", description="how producers place keys: murmur2 (Java default) or crc32 (librdkafka default)")

@@ -9,7 +9,7 @@ from typing import TextIO
 
 import yaml
 
-from eopipe.control import policy, rebalance
+from eopipe.control import policy, rebalance, topics
 from eopipe.control.builders.pipeline import objects
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.settings import Settings
@@ -218,13 +218,14 @@ def validate(paths: list[str], out: TextIO = sys.stdout, tenant_policy: policy.T
     return status
 
 
-def topics_document(names: Names) -> dict:
-    """The Kafka topics the operator creates and keeps as specified (not a Kubernetes object)."""
+def topics_document(names: Names, brokers: int = topics.SAFE_REPLICATION) -> dict:
+    """The Kafka topics the operator creates and keeps as specified (not a Kubernetes object), on
+    a cluster of `brokers` brokers: the topic plan's own replication decision."""
+    made = [topics.replicated(t, brokers) for t in desired_topics(names)]
     return {"kind": "KafkaTopics",
             "metadata": {"name": names.pipeline, "namespace": names.namespace},
             "topics": [{"name": t.name, "role": t.role, "partitions": t.partitions,
-                        "replicationFactor": t.replication_factor, "config": dict(t.config)}
-                       for t in desired_topics(names)]}
+                        "replicationFactor": t.replication_factor, "config": dict(t.config)} for t in made]}
 
 
 def render(pipeline: manifest.Pipeline, namespace: str, settings: Settings) -> list[dict]:
