@@ -188,9 +188,11 @@ def throughput(sample: dict | None, ends: dict[int, int], now_ms: int,
     return now, grown * 1000 / elapsed
 
 
-def observe(cfg, facts, rb: dict | None, previous: dict | None) -> Decision:
-    """The decision from a reconcile pass's rebalance facts (control.rebalance.Facts) and the
-    recorded status.autoscale; the records/s sample rides along in the record."""
+def observe(cfg, facts, rb, previous: dict | None) -> Decision:
+    """The decision from a reconcile pass's rebalance facts (core.rebalancing.Facts), the running
+    rebalance (core.rebalancing.Rebalance; None: none) and the recorded status.autoscale; the
+    records/s sample rides along in the record. The facts are not changed: the caller hands
+    `decision.desired` to the rebalance as its wanted count."""
     previous = previous or {}
     statuses = [pf.status for pf in facts.pods.values() if pf.status is not None]
     sample, rate = throughput(previous.get("sample"), end_offsets(statuses), facts.now_ms,
