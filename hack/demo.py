@@ -4,8 +4,8 @@
 What runs (all real; see localenv/): by default the node tier (`make cluster`, root): a
 Kubernetes control plane, containerd, a kubelet and kube-proxy, CoreDNS and a storage
 provisioner in a network namespace of their own, pods from images built from the Dockerfile,
-a Kafka broker on the node address, and in place of the Spark Operator a runner that submits
-SparkApplications with `spark-submit --deploy-mode cluster`. The eopipe operator is installed
+a Kafka broker on the node address, and the Kubeflow Spark Operator (v2.5.2, controller and
+webhook, installed from its own Helm chart). The eopipe operator is installed
 with the Helm chart; examples/payments.yaml is applied with kubectl as it is.
 
 While `eopipe load` sends payments with 20% resends, 5% to a wrong partition and some
@@ -354,7 +354,7 @@ class NodeCluster(Cluster):
 
         self.workdir, self.kill_container = workdir, node.kill_container
         say("kubernetes", "make cluster: control plane, containerd, kubelet, kube-proxy, CoreDNS, local-path-provisioner, "
-                          "Kafka on the node address, Spark Operator stand-in; images built or from the cache")
+                          "Kafka on the node address, the Kubeflow Spark Operator; images built or from the cache")
         stack.callback(subprocess.run, [sys.executable, "-m", "localenv.node", "down"], cwd=REPO,
                        stdout=subprocess.DEVNULL)
         if subprocess.run([sys.executable, "-m", "localenv.node", "up"], cwd=REPO).returncode != 0:

@@ -1,7 +1,8 @@
 """`python -m localenv.node up|down|status|kubectl ...|leftovers` (make cluster / cluster-down).
 
 up: installs the Debian packages when missing, builds (or takes from the cache) kubelet,
-kube-proxy and the images, creates the network namespace and the cgroup root, and starts
+kube-proxy, the images and the Spark Operator (its chart from the Go module cache; with
+EOPIPE_SPARK_WEBHOOK=0, installed with its webhook disabled), creates the network namespace and the cgroup root, and starts
 `serve` inside the namespace, detached; returns once the node is Ready. down: stops it and
 sweeps whatever is left; exits 1 if anything of the tier is still on the host.
 """
@@ -88,6 +89,15 @@ def up(app_image: bool, timeout: float) -> int:
     host.ensure_netns()
     host.ensure_cgroups(host.node_cgroup_root())
     archives = [str(p) for _, p in images.values()]
+    if "spark-operator" in images:
+        from localenv.node.cluster import SPARK_OPERATOR_CONF
+        from localenv.node.sparkoperator import chart_dir
+
+        # Resolved here: the namespace has no route to the Go module proxy.
+        helm = subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), "helm"], check=True, text=True,
+                              stdout=subprocess.PIPE).stdout.split()[-1]
+        SPARK_OPERATOR_CONF.write_text(json.dumps({"helm": f"{helm}/helm", "chart": str(chart_dir()),
+                                                   "webhook": os.environ.get("EOPIPE_SPARK_WEBHOOK", "1") != "0"}))
     IMAGES.write_text(json.dumps({name: ref for name, (ref, _) in images.items()}) + "\n")
     argv = ["nsenter", f"--net={host.NETNS_PATH}", "--", sys.executable, "-m", "localenv.node", "serve",
             "--images", str(IMAGES), *archives]

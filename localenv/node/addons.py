@@ -205,30 +205,13 @@ def kafka_service(broker_ip: str) -> list[dict]:
     ]
 
 
-SPARK_OPERATOR_NS = SPARK_OPERATOR_SA = "spark-operator"
-
-
-def spark_operator() -> list[dict]:
-    """The identity the Spark Operator stand-in submits with (localenv/node/sparkpods.py): what
-    spark-submit in cluster mode creates (the driver pod, its Service, ConfigMaps and
-    NetworkPolicy, claims it is asked to make) and deletes, as the Spark Operator chart grants its controller."""
-    ns, sa = SPARK_OPERATOR_NS, SPARK_OPERATOR_SA
-    verbs = ["get", "list", "watch", "create", "delete", "deletecollection", "patch", "update"]
-    rules = [{"apiGroups": [""], "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
-              "verbs": verbs},
-             # Spark 4 puts a NetworkPolicy in front of each driver.
-             {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": verbs}]
-    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, _sa(sa, ns),
-            *_cluster_role("eopipe-node:spark-operator", rules, sa, ns)]
-
-
 def manifests(images: dict[str, str], broker_ip: str) -> list[dict]:
     return [*coredns(images["coredns"]),
             *local_path(images["local-path-provisioner"], images["base"]),
             # Always built (images.ADDONS); `serve` waits for its DaemonSet, so a tier never runs
             # without it. Optional here for callers that name only some images.
             *(network_policies(images[NETPOL]) if NETPOL in images else []),
-            *kafka_service(broker_ip), *spark_operator()]
+            *kafka_service(broker_ip)]
 
 
 # What `up` waits for before it calls the node ready: (namespace, deployment), (namespace, daemonset).

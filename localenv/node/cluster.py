@@ -2,7 +2,8 @@
 namespace: the control plane of localenv/controlplane.py (listening on the namespace's
 addresses), containerd, the kubelet, kube-proxy and a Kafka broker on the node address (as a
 Kafka outside the cluster: pods reach it through the `kafka.kafka` Service). It applies the
-add-ons (localenv/node/addons.py), writes RUN_DIR/ready once the node is Ready, kube-proxy
+add-ons (localenv/node/addons.py) and the Kubeflow Spark Operator (helm install of its own chart,
+localenv/node/sparkoperator.py), writes RUN_DIR/ready once the node is Ready, kube-proxy
 healthy, the add-ons available and NetworkPolicy enforced (kube-network-policies' nftables rules
 in place; or, on a kernel without nftables' queue statement, why not: RUN_DIR/networkpolicy.json),
 and stops everything on SIGTERM (`down` sweeps the rest)."""
@@ -14,12 +15,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from localenv import REPO_ROOT
 from localenv.controlplane import ControlPlane, ControlPlaneError
 from localenv.daemon import LoggedProcess
 from localenv.kafka import KafkaBroker
@@ -35,6 +34,7 @@ from localenv.node import (
     RUN_DIR,
     STATE_DIR,
     addons,
+    sparkoperator,
 )
 from localenv.node import config as cfg
 from localenv.node.host import node_cgroup_root
@@ -42,7 +42,8 @@ from localenv.node.images import import_images
 from localenv.pki import _client_ext, _sign, _write_kubeconfig
 
 CP_DIR = STATE_DIR / "cp"
-SPARK_CRD = REPO_ROOT / "localenv" / "crds" / "sparkapplications.sparkoperator.k8s.io.yaml"
+# Written by `up` (localenv/node/__main__.py): {"helm": path, "chart": path, "webhook": bool}.
+SPARK_OPERATOR_CONF = RUN_DIR / "spark-operator.json"
 READY = RUN_DIR / "ready"
 NETPOL_TABLE = ("inet", addons.NETPOL)  # the agent's nftables table (its default name)
 # What the agent's rules need of the kernel beyond plain nftables: the `queue` statement (its
@@ -216,22 +217,19 @@ class Node:
             print(f"WARNING: {problem}", flush=True)
 
     def _start_spark_operator(self) -> None:
-        """The Spark Operator's part: its CRD, and the runner that submits to the cluster with
-        its service account's token (localenv/node/sparkpods.py)."""
-        res = self.cp.kubectl_run("apply", "--server-side", "-f", str(SPARK_CRD), check=False)
+        """The Kubeflow Spark Operator, controller and webhook, by `helm install` of its own chart
+        (localenv/node/sparkoperator.py), waited for; skipped on a tier without the app images."""
+        if "spark-operator" not in self.images or not SPARK_OPERATOR_CONF.exists():
+            return
+        conf = json.loads(SPARK_OPERATOR_CONF.read_text())
+        self._apply(sparkoperator.extra_rbac())
+        vals = STATE_DIR / "spark-operator-values.json"
+        vals.write_text(json.dumps(sparkoperator.values(self.images["spark-operator"], conf.get("webhook", True))))
+        argv = sparkoperator.helm_install_argv(conf["helm"], self.cp.kubeconfig, Path(conf["chart"]), vals)
+        res = subprocess.run(argv, check=False, text=True, capture_output=True, timeout=330)
+        (self.logs / "helm-spark-operator.log").write_text(res.stdout + res.stderr)
         if res.returncode != 0:
-            raise ControlPlaneError(f"applying {SPARK_CRD.name} failed: {res.stderr}")
-        token = STATE_DIR / "spark-operator" / "token"
-        token.parent.mkdir(parents=True, exist_ok=True)
-        res = self.cp.kubectl_run("-n", addons.SPARK_OPERATOR_NS, "create", "token", addons.SPARK_OPERATOR_SA,
-                                  "--duration=48h", check=False)
-        if res.returncode != 0:
-            raise ControlPlaneError(f"no token for the Spark Operator stand-in: {res.stderr}")
-        token.write_text(res.stdout.strip())
-        self._spawn("spark-operator", [
-            sys.executable, "-m", "localenv.node.sparkpods", f"--kubeconfig={self.cp.kubeconfig}",
-            f"--workdir={token.parent}", f"--master=k8s://{self.cp.server}",
-            f"--ca={self.cp.ca_cert}", f"--token={token}"])
+            raise ControlPlaneError(f"helm install of the Spark Operator failed: {res.stdout}{res.stderr}")
 
     def _apply(self, objs: list[dict]) -> None:
         doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})

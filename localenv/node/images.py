@@ -7,7 +7,12 @@ under $EOPIPE_CACHE/node-images (docs/design.md#the-local-environment):
   PATH (Debian's python refuses pip installs outside one, PEP 668). It stands in for the
   python slim image a user's build starts FROM.
 - eopipe: the project's Dockerfile (target operator), built by `buildah bud` with
-  PYTHON_IMAGE=<base>.
+  PYTHON_IMAGE=<base>; eopipe-spark the same (target spark).
+- eopipe-spark-operator: the Kubeflow Spark Operator's binary (hack/build-tools.sh
+  spark-operator) on the Spark image, as upstream's image puts it on Spark's: the controller runs
+  spark-submit (Java, $SPARK_HOME) in its own container. Entrypoint as upstream's: tini, then
+  /usr/bin/spark-operator (its nss_wrapper step is not needed: the image's user 10001 has a
+  passwd entry).
 
 buildah keeps its images in its own store under the cache (vfs driver: it mounts nothing);
 each image ends as a docker-archive that `ctr -n k8s.io images import` loads into the node.
@@ -16,6 +21,7 @@ each image ends as a docker-archive that `ctr -n k8s.io images import` loads int
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import subprocess
@@ -39,6 +45,7 @@ SPARK_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "spark_app", "h
                 "hack/fetch-spark-jars.sh", "hack/spark-version.sh", "hack/spark/pom.xml",
                 "hack/spark/entrypoint.sh")
 ADDONS = ("coredns", "local-path-provisioner", "kube-network-policies")
+SPARK_OPERATOR_BIN = "/usr/bin/spark-operator"
 
 
 def _hash(*parts: bytes) -> str:
@@ -208,6 +215,32 @@ def spark_image(b: Buildah) -> tuple[str, Path]:
     return dockerfile_image(b, "spark", SPARK_INPUTS)
 
 
+def spark_operator_image(b: Buildah, spark: tuple[str, Path]) -> tuple[str, Path]:
+    """The Spark image plus the operator's binary, keyed by both (module docstring)."""
+    out = subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), "spark-operator"], check=True,
+                         text=True, stdout=subprocess.PIPE).stdout.split()
+    binary = Path(out[-1]) / "spark-operator"
+    spark_ref, spark_tar = spark
+    name = "eopipe-spark-operator"
+    ref = f"localhost/{name}:{_hash(spark_ref.encode(), binary.read_bytes(), SPARK_OPERATOR_BIN.encode())}"
+    dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
+    if dest.exists():
+        return ref, dest
+    _log(f"building {ref} FROM {spark_ref}")
+    if not b.has_image(spark_ref):  # the archive outlived buildah's store
+        b("pull", "--quiet", f"docker-archive:{spark_tar}")
+    ctr = b("from", "--quiet", "--pull=never", spark_ref, capture=True)
+    try:
+        b("copy", "--quiet", "--chmod", "0755", ctr, str(binary), SPARK_OPERATOR_BIN)
+        b("config", "--entrypoint", json.dumps(["/usr/bin/tini", "-s", "--", SPARK_OPERATOR_BIN]), ctr)
+        b("commit", "--quiet", ctr, ref)
+    finally:
+        b("rm", ctr)
+    b.archive(ref, dest)
+    _prune(b, name, ref, dest)
+    return ref, dest
+
+
 def _prune(b: Buildah, name: str, ref: str, dest: Path) -> None:
     """Only the newest image of a name is kept (each is hundreds of MB, and every source change
     makes one)."""
@@ -228,7 +261,7 @@ def base_archive(b: Buildah) -> tuple[str, Path]:
 
 
 def ensure_images(app: bool = True, spark: bool = False) -> dict[str, tuple[str, Path]]:
-    """{"pause", "base", *ADDONS, "app", "spark"}: (ref, archive),
+    """{"pause", "base", *ADDONS, "app", "spark", "spark-operator"}: (ref, archive),
     built once, then from the cache. Without app, only what a Ready node with its add-ons needs."""
     CACHE.mkdir(parents=True, exist_ok=True)
     b = Buildah()
@@ -237,6 +270,7 @@ def ensure_images(app: bool = True, spark: bool = False) -> dict[str, tuple[str,
         out["app"] = app_image(b)
     if spark:
         out["spark"] = spark_image(b)
+        out["spark-operator"] = spark_operator_image(b, out["spark"])
     return out
 
 

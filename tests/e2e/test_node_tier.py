@@ -332,6 +332,32 @@ def _start_spark_example(ns: str, name: str, example: str) -> None:
     wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor",
                                       "-o", "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
     log(f"kubectl get pods,pvc -o wide\n{kubectl('-n', ns, 'get', 'pods,pvc', '-o', 'wide')}")
+    _spark_pods_keep_the_spec(ns, name)
+
+
+def _spark_pods_keep_the_spec(ns: str, name: str) -> None:
+    """What the SparkApplication asks of its pods is on the pods the Kubeflow Spark Operator and
+    Spark made: the checkpoint claim mounted in the driver (and in the executors when the claim
+    is ReadWriteMany), the restricted security contexts, the operator's Kafka env. A dropped
+    checkpoint volume would make a replaced driver replay and duplicate."""
+    app = kubectl_json("-n", ns, "get", "sparkapplication", f"{name}-spark")["spec"]
+    claim = next(v["persistentVolumeClaim"]["claimName"] for v in app["volumes"])
+    for role in ("driver", "executor"):
+        want = app[role]
+        for pod in kubectl_json("-n", ns, "get", "pods", "-l", f"spark-role={role}")["items"]:
+            spec = pod["spec"]
+            c = next(c for c in spec["containers"] if c["name"] == f"spark-kubernetes-{role}")
+            vols = {v["name"]: v for v in spec.get("volumes") or []}
+            for m in want.get("volumeMounts") or []:
+                assert vols.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName") == claim, (role, vols)
+                assert {"name": m["name"], "mountPath": m["mountPath"]}.items() <= next(
+                    x for x in c.get("volumeMounts") or [] if x["name"] == m["name"]).items(), c.get("volumeMounts")
+            assert want["podSecurityContext"].items() <= (spec.get("securityContext") or {}).items(), (role, spec)
+            assert want["securityContext"].items() <= (c.get("securityContext") or {}).items(), (role, c)
+            env = {e["name"] for e in c.get("env") or []}
+            assert {e["name"] for e in want.get("env") or []} <= env, (role, sorted(env))
+    log(f"{name}: the driver and executor pods carry the checkpoint claim {claim}, the restricted "
+        "security contexts and the env the SparkApplication asks for")
 
 
 def _wait_resubmitted(ns: str, name: str) -> None:
