@@ -34,6 +34,8 @@ class Ownership:
 
 
 class Outgoing:
+    """The snapshots of the partitions this pod handed off (`released`) and its exports."""
+
     def __init__(self, store: StateStore, me: str):
         self.store = store
         self.me = me
