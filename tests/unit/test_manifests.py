@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,10 @@ import yaml
 
 from eopipe.control.builders.pipeline import objects
 from eopipe.control import topics as topics_plan
+from eopipe.control.builders import checkpoint
+from eopipe.control.builders.access import token_problem, token_secret
 from eopipe.control.builders.topics import desired_topics
-from eopipe.control.settings import Settings
+from eopipe.tools import manifests
 from eopipe.core import manifest
 from eopipe.core.assignment import Assignment, assign
 from eopipe.core.names import MAX_PIPELINE_NAME, Names
@@ -121,15 +124,24 @@ def test_render_prints_what_the_operator_applies():
     docs = _docs(eopipe("render", "examples/payments.yaml", "--namespace", "team-a",
                         "--image", "reg/eopipe:1", "--spark-image", "reg/spark:1"))
     assert [d["kind"] for d in docs] == [
-        "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service", "PodDisruptionBudget", "StatefulSet",
-        "ServiceAccount", "RoleBinding", "SparkApplication", "KafkaTopics"]
+        "Secret", "PersistentVolumeClaim", "ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Service",
+        "PodDisruptionBudget", "NetworkPolicy", "StatefulSet", "ServiceAccount", "RoleBinding", "SparkApplication",
+        "KafkaTopics"]
     assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
-    # The operator's own builders, with the assignment its first pass publishes.
+    # The operator's own builders, with the assignment its first pass publishes, and the Settings
+    # of the operator the chart installs with its defaults (its NetworkPolicy peers).
     names = Names("team-a", "payments", PipelineSpec.model_validate(example("payments.yaml")["spec"]))
     first = Assignment(1, assign(8, ["payments-dedup-0", "payments-dedup-1"]), partition_count=8)
-    assert docs[:-1] == objects(names, Settings(image="reg/eopipe:1", spark_image="reg/spark:1"), first, 2)
-    assert json.loads(docs[0]["data"]["assignment.json"])["generation"] == 1
-    sts, app = docs[6], docs[9]
+    chart = manifests.chart_settings(image="reg/eopipe:1", spark_image="reg/spark:1")
+    assert docs[0] == token_secret(names, manifests.TOKEN_PLACEHOLDER) and docs[1] == checkpoint.claim(names)
+    assert docs[2:-1] == objects(names, chart, first, 2)
+    assert json.loads(docs[2]["data"]["assignment.json"])["generation"] == 1
+    # The placeholder is no token: the operator refuses it if the output is applied as it is.
+    assert token_problem(docs[0]) is not None
+    policy = docs[8]["spec"]["ingress"]
+    assert policy[0]["from"][1]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "eopipe-system"}}
+    assert policy[1]["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    sts, app = docs[9], docs[12]
     assert sts["spec"]["replicas"] == 2 and sts["spec"]["template"]["spec"]["containers"][0]["image"] == "reg/eopipe:1"
     assert app["spec"]["image"] == "reg/spark:1"
     topics = docs[-1]["topics"]
@@ -137,6 +149,24 @@ def test_render_prints_what_the_operator_applies():
         [(t.name, t.partitions, t.replication_factor, t.config)
          for t in (topics_plan.replicated(t, 3) for t in desired_topics(names))]  # as on three brokers
     assert {(t["replicationFactor"], t["config"]["min.insync.replicas"]) for t in topics} == {(3, "2")}
+
+
+@pytest.mark.parametrize("args, kinds, image", [
+    ([], ["Secret", "NetworkPolicy"], f"eopipe:{version('eopipe')}"),  # the chart's tag, never latest
+    (["--no-network-policy"], ["Secret"], f"eopipe:{version('eopipe')}"),
+    (["--image", "reg/e:2"], ["Secret", "NetworkPolicy"], "reg/e:2"),
+])
+def test_render_follows_the_chart_defaults(args, kinds, image):
+    docs = _docs(eopipe("render", "examples/minimal.yaml", *args))
+    assert [d["kind"] for d in docs if d["kind"] in ("Secret", "NetworkPolicy", "PersistentVolumeClaim")] == kinds
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    assert sts["spec"]["template"]["spec"]["containers"][0]["image"] == image != "eopipe:latest"
+
+
+def test_render_topics_follow_the_broker_count():
+    (topics,) = [d for d in _docs(eopipe("render", "examples/minimal.yaml", "--brokers", "1"))
+                 if d["kind"] == "KafkaTopics"]
+    assert {(t["replicationFactor"], t["config"]["min.insync.replicas"]) for t in topics["topics"]} == {(1, "1")}
 
 
 def test_render_a_dedup_only_and_a_paused_pipeline(tmp_path):

@@ -90,13 +90,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from eopipe.control.settings import Settings
     from eopipe.tools import manifests
 
+    settings = manifests.chart_settings(args.release, args.operator_namespace,
+                                        network_policy=args.network_policy, image=args.image,
+                                        spark_image=args.spark_image,
+                                        spark_driver_cluster_role=args.spark_driver_cluster_role)
     try:
-        return manifests.render_file(args.file, args.namespace,
-                                     Settings(image=args.image, spark_image=args.spark_image,
-                                              spark_driver_cluster_role=args.spark_driver_cluster_role))
+        return manifests.render_file(args.file, args.namespace, settings, brokers=args.brokers)
     except manifests.Unreadable as e:
         args.parser.error(str(e))
 
@@ -184,8 +185,6 @@ def _lead(elector, args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from eopipe.control.settings import Settings
-
     ap = cliargs.Parser(prog="eopipe", description=__doc__)
     ap.add_argument("--version", action="version", version=f"eopipe {_version()}",
                     help="print the version and exit")
@@ -268,28 +267,38 @@ def build_parser() -> argparse.ArgumentParser:
                                           "EOPIPE_ALLOWED_REGISTRIES, else any registry)")
     val.set_defaults(func=cmd_validate, parser=val)
 
-    defaults = Settings()
     ren = sub.add_parser(
         "render", help="print the Kubernetes objects and Kafka topics the operator makes of a manifest",
-        description="Print, as multi-document YAML, the objects the operator applies for each "
-                    "ExactlyOncePipeline in FILE (assignment ConfigMap, RBAC, headless Service, "
-                    "PodDisruptionBudget, StatefulSet and, with a processing stage, the Spark driver's "
-                    "RBAC and the SparkApplication), built as the operator builds them, and last a "
-                    "'kind: KafkaTopics' document (not a Kubernetes object) with the topics it creates. "
-                    "No cluster or Kafka needed. Exit status: 0, 1 invalid manifest, 2 usage error.")
+        description="Print, as multi-document YAML, the objects the operator installed by the chart with "
+                    "its default values applies for each ExactlyOncePipeline in FILE (the token Secret, "
+                    "with a placeholder for the random token the operator writes; the Spark checkpoint "
+                    "claim it creates; the assignment ConfigMap, RBAC, headless Service, "
+                    "PodDisruptionBudget, NetworkPolicy and StatefulSet; with a processing stage, the "
+                    "Spark driver's RBAC and the SparkApplication), built by the operator's own builders, "
+                    "and last a 'kind: KafkaTopics' document (not a Kubernetes object) with the topics "
+                    "it creates. No cluster or Kafka needed. Exit status: 0, 1 invalid manifest, "
+                    "2 usage error.")
     ren.add_argument("file", metavar="FILE", help="manifest file, or - for stdin")
     ren.add_argument("--namespace", help="the pipeline's namespace (default: the manifest's, else default)")
-    ren.add_argument("--image", default=os.environ.get("EOPIPE_IMAGE", defaults.image),
-                     help="the dedup pods' image, the operator's EOPIPE_IMAGE (default: env "
-                          f"EOPIPE_IMAGE, else {defaults.image})")
-    ren.add_argument("--spark-image", default=os.environ.get("EOPIPE_SPARK_IMAGE", defaults.spark_image),
-                     help="the SparkApplication's image, the operator's EOPIPE_SPARK_IMAGE (default: env "
-                          f"EOPIPE_SPARK_IMAGE, else {defaults.spark_image})")
+    ren.add_argument("--release", default="eopipe", help="the chart's release name (default eopipe)")
+    ren.add_argument("--operator-namespace", default="eopipe-system", metavar="NAMESPACE",
+                     help="the chart's namespace, where the operator runs (default eopipe-system)")
+    ren.add_argument("--image", default=os.environ.get("EOPIPE_IMAGE"),
+                     help="the dedup pods' image, the chart's image (default: env EOPIPE_IMAGE, else the "
+                          "chart's eopipe:<its appVersion>)")
+    ren.add_argument("--spark-image", default=os.environ.get("EOPIPE_SPARK_IMAGE"),
+                     help="the SparkApplication's image, the chart's sparkImage (default: env "
+                          "EOPIPE_SPARK_IMAGE, else the chart's eopipe-spark:<its appVersion>)")
     ren.add_argument("--spark-driver-cluster-role", metavar="NAME",
-                     default=os.environ.get("EOPIPE_SPARK_DRIVER_CLUSTERROLE", defaults.spark_driver_cluster_role),
-                     help="the chart's Spark-driver ClusterRole the driver is bound to, the operator's "
-                          "EOPIPE_SPARK_DRIVER_CLUSTERROLE (default: env EOPIPE_SPARK_DRIVER_CLUSTERROLE, else "
-                          f"{defaults.spark_driver_cluster_role})")
+                     default=os.environ.get("EOPIPE_SPARK_DRIVER_CLUSTERROLE"),
+                     help="the chart's Spark-driver ClusterRole the driver is bound to (default: env "
+                          "EOPIPE_SPARK_DRIVER_CLUSTERROLE, else the chart's, named after the release and "
+                          "its namespace)")
+    ren.add_argument("--no-network-policy", dest="network_policy", action="store_false",
+                     help="as with the chart's networkPolicy.enabled=false: no NetworkPolicy per pipeline")
+    ren.add_argument("--brokers", type=cliargs.positive_int, default=3,
+                     help="the Kafka cluster's broker count, which topics without source.replicationFactor "
+                          "follow (default 3)")
     ren.set_defaults(func=cmd_render, parser=ren)
 
     crd = sub.add_parser("crd", help="print the ExactlyOncePipeline CRD (YAML)",

@@ -10,6 +10,7 @@ from typing import TextIO
 import yaml
 
 from eopipe.control import policy, rebalance, topics
+from eopipe.control.builders import access, checkpoint
 from eopipe.control.builders.pipeline import objects
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.settings import Settings
@@ -228,20 +229,61 @@ def topics_document(names: Names, brokers: int = topics.SAFE_REPLICATION) -> dic
                         "replicationFactor": t.replication_factor, "config": dict(t.config)} for t in made]}
 
 
-def render(pipeline: manifest.Pipeline, namespace: str, settings: Settings) -> list[dict]:
+# The token Secret's value in render's output: the operator writes a random token once; this one is
+# refused by the operator (token_problem: not one word) if the output is applied as it is.
+TOKEN_PLACEHOLDER = "replaced by a random token: the operator creates this Secret"
+
+# The chart's defaults (charts/eopipe/values.yaml, Chart.yaml), for the Settings its operator
+# runs with; tests/integration/test_render_chart.py checks them against `helm template`.
+CHART_RELEASE, CHART_NAMESPACE = "eopipe", "eopipe-system"  # as docs/install.md installs it
+CHART_IMAGE, CHART_SPARK_IMAGE = "eopipe", "eopipe-spark"
+CHART_METRICS_NAMESPACE_SELECTOR = {"matchLabels": {access.NAMESPACE_NAME_LABEL: "monitoring"}}
+
+
+def chart_version() -> str:
+    """The chart's appVersion, which is the package's version (they are released together), and
+    so the tag of the chart's default images."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("eopipe")
+    except PackageNotFoundError:
+        return "latest"
+
+
+def chart_settings(release: str = CHART_RELEASE, namespace: str = CHART_NAMESPACE, *,
+                   network_policy: bool = True, image: str | None = None, spark_image: str | None = None,
+                   spark_driver_cluster_role: str | None = None) -> Settings:
+    """The Settings of the operator the chart installs with its default values as `release` in
+    `namespace`; each keyword is the value of the chart's that overrides it."""
+    fullname = release if "eopipe" in release else f"{release}-eopipe"  # the chart's eopipe.fullname
+    labels = {"app.kubernetes.io/name": "eopipe", "app.kubernetes.io/instance": release,
+              "app.kubernetes.io/component": "operator"}  # eopipe.selectorLabels
+    peers = access.PolicyPeers(namespace, tuple(sorted(labels.items())), CHART_METRICS_NAMESPACE_SELECTOR)
+    return Settings(image=image or f"{CHART_IMAGE}:{chart_version()}",
+                    spark_image=spark_image or f"{CHART_SPARK_IMAGE}:{chart_version()}",
+                    spark_driver_cluster_role=spark_driver_cluster_role or f"{fullname}-{namespace}-spark-driver",
+                    network_policy=peers if network_policy else None)
+
+
+def render(pipeline: manifest.Pipeline, namespace: str, settings: Settings,
+           brokers: int = topics.SAFE_REPLICATION) -> list[dict]:
     """What the operator's first reconcile pass of a new pipeline applies: the first assignment
     and replica count are the rebalance state machine's own decision for a pipeline with no
-    history, the objects come from the operator's builders, then the topics."""
+    history; the token Secret (with a placeholder), the checkpoint claim and the objects come from
+    the operator's builders; then the topics, on a cluster of `brokers` brokers."""
     names = Names(namespace, pipeline.name, pipeline.spec)
     spec = pipeline.spec
     plan = rebalance.step(rebalance.Facts(now_ms=0, pod_prefix=names.dedup, replicas=spec.dedup.replicas,
                                           partitions=spec.source.partitions, paused=spec.paused,
                                           window_ms=duration_ms(spec.dedup.window)), None)
-    return [*objects(names, settings, plan.assignment, plan.replicas), topics_document(names)]
+    claim = checkpoint.claim(names)
+    return [access.token_secret(names, TOKEN_PLACEHOLDER), *([claim] if claim is not None else []),
+            *objects(names, settings, plan.assignment, plan.replicas), topics_document(names, brokers)]
 
 
 def render_file(path: str, namespace: str | None, settings: Settings, out: TextIO = sys.stdout,
-                err: TextIO = sys.stderr) -> int:
+                err: TextIO = sys.stderr, brokers: int = topics.SAFE_REPLICATION) -> int:
     """Prints the objects of every pipeline in the file as multi-document YAML; 1 (and the
     problems on `err`) if a pipeline is invalid. Raises Unreadable."""
     try:
@@ -260,7 +302,7 @@ def render_file(path: str, namespace: str | None, settings: Settings, out: TextI
             for problem in e.problems:
                 print(f"{shown}: {_label(doc, i)}: {problem}", file=err)
             continue
-        rendered += render(pipeline, namespace or pipeline.namespace or "default", settings)
+        rendered += render(pipeline, namespace or pipeline.namespace or "default", settings, brokers)
     if status == VALID and not rendered:
         print(f"{shown}: no {KIND} to render", file=err)
         return INVALID
