@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from eopipe.core.assignment import Assignment, json_int, json_object, json_partition_map, json_str
+from eopipe.core.defaults import WINDOW_SECONDS
 from eopipe.core.names import DEDUP_HTTP_PORT
 from eopipe.core.wire import PartitionState, PartitionStatus, PodStatus
 
@@ -65,7 +66,7 @@ class Facts:
     sts_replicas: int | None = None   # the StatefulSet's spec.replicas; None: no StatefulSet
     pods: dict[str, PodFacts] = field(default_factory=dict)
     committed: dict[int, int] | None = None  # the group's committed offsets (while Pausing)
-    window_ms: int = 24 * 3600 * 1000
+    window_ms: int = WINDOW_SECONDS * 1000  # spec.dedup.window
 
 
 # -- records -------------------------------------------------------------------------------------
