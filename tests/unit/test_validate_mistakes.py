@@ -97,6 +97,8 @@ CASES = [
     # The CLI's key shorthand: the object form to write instead.
     ("key-json", "cli", dedup("key: json:id"),
      [at(12, f"{KEY_TYPE}; write the key as an object: {{from: jsonField, name: id}}")]),
+    ("key-json-dotted-name", "cli", dedup("key: 'json:[\"a.b\", \"c\"]'"),
+     [at(12, f"{KEY_TYPE}; write the key as an object: {{from: jsonField, path: [a.b, c]}}")]),
     ("key-header", "fn", dedup("key: header:X-Id"),
      [at(12, f"{KEY_TYPE}; write the key as an object: {{from: header, name: X-Id}}")]),
     ("key-record", "fn", dedup("key: key"), [at(12, f"{KEY_TYPE}; write the key as an object: {{from: recordKey}}")]),

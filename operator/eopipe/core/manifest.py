@@ -179,6 +179,9 @@ def _key_hint(value: str) -> str:
     except ValueError:
         return ("write the key as an object: {from: recordKey}, {from: header, name: NAME} "
                 "or {from: jsonField, name: FIELD}")
+    if key.kind == "jsonField" and any("." in part for part in key.path):
+        # A dotted name would read as a nested path: the list form keeps each name whole.
+        return f"write the key as an object: {{from: jsonField, path: [{', '.join(key.path)}]}}"
     return f"write the key as an object: {{from: {key.kind}" + (f", name: {key.name}}}" if key.name else "}")
 
 
