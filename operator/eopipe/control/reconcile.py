@@ -87,7 +87,7 @@ class Reconciler:
 
     def _stages(self, p: Pass) -> None:
         out = p.out
-        stage_dedup.run(p)  # the topics stage runs inside it, at the partition count it steps to
+        out.stages += stage_dedup.run(p)  # the topics stage runs inside it, at the partition count it steps to
         if out.stalled is not None:
             return
         for check in (stage_health.transactions, stage_health.lag_threshold):

@@ -36,8 +36,9 @@ def object_conflict(e: ObjectConflict, p: Pass, stage: str) -> Condition:
     return Condition(stage, False, "Conflict", str(e))
 
 
-def run(p: Pass) -> None:
-    """Steps the dedup stage; its conditions and the topics stage's go to p.out.stages."""
+def run(p: Pass) -> list[Condition]:
+    """Steps the dedup stage. Returns the conditions of its last step: the topics stage's
+    (TopicsReady) and its own (DedupReady)."""
     names, out = p.names, p.out
     recorded = p.status.get("rebalance") or None
     rb = Rebalance.parse(recorded) if recorded else None
@@ -45,13 +46,12 @@ def run(p: Pass) -> None:
     auto = p.status.get("autoscale")
     deadline = time.monotonic() + p.plane.settings.rebalance_poll_seconds
     while True:
-        stages_before = len(out.stages)
+        conditions: list[Condition] = []
         try:
             facts = p.plane.observer.facts(names, rb, p.admin)
         except stage_topics.KAFKA_ERRORS as e:
-            out.stages += [stage_topics.kafka_unavailable(first_error(e)),
-                           Condition(DEDUP, False, "KafkaUnavailable",
-                                     "cannot observe the source topic; nothing changed")]
+            conditions = [stage_topics.kafka_unavailable(first_error(e)),
+                          Condition(DEDUP, False, "KafkaUnavailable", "cannot observe the source topic; nothing changed")]
             out.retry = True
             break
         wanted, auto = _autoscale(p, facts, rb, auto)
@@ -72,27 +72,26 @@ def run(p: Pass) -> None:
         out.events.extend(plan.events)
         spec_now = names.spec.model_copy(update={"source": names.spec.source.model_copy(
             update={"partitions": plan.partitions})})
-        topics_ok, topic_conditions = stage_topics.run(p, Names(names.namespace, names.pipeline, spec_now))
-        out.stages += topic_conditions
+        topics_ok, conditions = stage_topics.run(p, Names(names.namespace, names.pipeline, spec_now))
         if out.stalled is not None:
             break
         try:
-            out.stages.append(_apply(p, plan, topics_ok, facts))
+            conditions.append(_apply(p, plan, topics_ok, facts))
         except ObjectConflict as e:
-            out.stages.append(object_conflict(e, p, DEDUP))
+            conditions.append(object_conflict(e, p, DEDUP))
             break
         except ApplyError as e:
-            out.stages.append(Condition(DEDUP, False, "ApplyFailed", str(e)))
+            conditions.append(Condition(DEDUP, False, "ApplyFailed", str(e)))
             break
         if rb is None or time.monotonic() >= deadline or not topics_ok:
             break
-        time.sleep(1)
-        del out.stages[stages_before:]
+        time.sleep(1)  # the next step; this one's conditions are superseded
     out.fields["rebalance"] = recorded
     out.fields["autoscale"] = auto
     if last is not None:
         out.fields["lastRebalance"] = last
     out.rebalancing = f"{rb.phase}: {rb.message or ''}" if rb else None
+    return conditions
 
 
 def _autoscale(p: Pass, facts: Facts, rb: Rebalance | None, recorded: dict | None) -> tuple[int, dict | None]:
