@@ -361,9 +361,15 @@ def _spark_pods_keep_the_spec(ns: str, name: str) -> None:
 
 
 def _wait_resubmitted(ns: str, name: str) -> None:
+    """Until the resubmitted driver's streaming query runs again (RUNNING is only its pod: on two
+    busy cores its executor and query start a minute or more later, longer than a verify's
+    settle time)."""
+    t = time.monotonic()
     wait(lambda: (st := _spark_app(ns, f"{name}-spark")).get("executionAttempts", 0) >= 2
          and st.get("applicationState", {}).get("state") == "RUNNING", 300, "the driver resubmitted and RUNNING")
-    log("driver resubmitted (attempt 2) and RUNNING")
+    wait(lambda: "streaming query running" in kubectl("-n", ns, "logs", f"{name}-spark-driver", check=False), 300,
+         "the resubmitted driver's streaming query running", interval=3)
+    log(f"driver resubmitted (attempt 2), its query running again in {time.monotonic() - t:.0f}s")
 
 
 def test_spark_stage_on_pods_exactly_once(node_tier):
