@@ -11,7 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from eopipe.core.durations import parse_duration
+from eopipe.core.defaults import WINDOW_SECONDS
+from eopipe.core.durations import format_duration, parse_duration
 from eopipe.core.keys import KeySpec
 
 # Executors, ProcessingSpec and the shared types are re-exported: callers import them from here.
@@ -210,7 +211,7 @@ class Autoscale(Model):
 
 class DedupSpec(Model):
     key: DedupKey = section(DedupKey)
-    window: Duration = Field("24h", description="duplicates further apart than this are not caught")
+    window: Duration = Field(format_duration(WINDOW_SECONDS), description="duplicates further apart than this are not caught")
     replicas: int = Field(1, ge=1, le=1000)
     image: str | None = Field(None, description="defaults to the operator's image")
     storage: Storage = section(Storage)

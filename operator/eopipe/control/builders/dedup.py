@@ -18,11 +18,11 @@ from eopipe.core import kafkaconf
 from eopipe.core.assignment import CONFIGMAP_KEY as ASSIGNMENT_KEY
 from eopipe.core.assignment import Assignment
 from eopipe.core.durations import parse_duration
+from eopipe.core.defaults import STATE_DIR
+from eopipe.core.names import DEDUP_HTTP_PORT as HTTP_PORT
 from eopipe.core.names import Names
 from eopipe.core.spec import Resources
 
-HTTP_PORT = 8080
-STATE_DIR = "/var/lib/eopipe"
 ASSIGNMENT_DIR = "/etc/eopipe/assignment"
 # The root filesystem is read-only; /tmp is the one scratch directory (an emptyDir) for whatever
 # a library writes there. The worker's own files are all under STATE_DIR.
