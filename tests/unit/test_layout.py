@@ -57,7 +57,7 @@ def test_nothing_outside_tests_imports_tests(folder):
 
 def test_tests_hold_tests_only():
     """Fixtures' service code lives in localenv/; tests/ holds tests, their helpers and conftest."""
-    allowed_dirs = {"unit", "integration", "e2e", "soak", "helpers"}
+    allowed_dirs = {"unit", "integration", "e2e", "soak", "harness", "helpers"}
     for p in sorted((REPO / "tests").rglob("*")):
         rel = p.relative_to(REPO / "tests")
         if "__pycache__" in rel.parts or p.is_dir():
