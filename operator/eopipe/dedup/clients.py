@@ -4,18 +4,18 @@ ones are let go."""
 
 from __future__ import annotations
 
-import logging
 import threading
 
 from confluent_kafka import KafkaException
 
 from eopipe.core import partitioner as partitioners
+from eopipe.dedup import logs
 from eopipe.dedup.config import WorkerConfig
 
 
 def _base(cfg: WorkerConfig) -> dict:
-    # librdkafka's own logs go through Python logging (JSON lines like ours).
-    return {"bootstrap.servers": cfg.bootstrap, "logger": logging.getLogger("rdkafka"), **cfg.kafka_config}
+    # librdkafka's own logs go through Python logging (JSON lines like ours), summarized.
+    return {"bootstrap.servers": cfg.bootstrap, "logger": logs.rdkafka_logger(), **cfg.kafka_config}
 
 
 def consumer_config(cfg: WorkerConfig, p: int) -> dict:
