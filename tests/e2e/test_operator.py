@@ -37,6 +37,10 @@ def test_minimal_pipeline_becomes_ready(operator, kube_api, kafka_bootstrap, k8s
     assert obj["status"]["phase"] == "Running"
     assert {c["type"] for c in obj["status"]["conditions"]} >= {
         "Ready", "Reconciling", "Stalled", "TopicsReady", "DedupReady", "ProcessingReady"}
+    # One broker and no replicationFactor: the topics get what fits, and TopicsReady says so.
+    topics_ready = next(c for c in obj["status"]["conditions"] if c["type"] == "TopicsReady")
+    assert topics_ready["status"] == "True" and topics_ready["reason"] == "LowReplication", topics_ready
+    assert "the cluster has 1 broker" in topics_ready["message"], topics_ready
 
     topic = doc["spec"]["source"]["topic"]
     deduped, dlq = deduped_topic(ns, "minimal"), dlq_topic(ns, "minimal")

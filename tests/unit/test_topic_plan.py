@@ -241,7 +241,7 @@ UNSET = [TopicSpec("events", 4, None, {"retention.ms": "1"}, "source"),
     (3, 3, "2", None),
     (1, 1, "1", "the cluster has 1 broker: topics get replication 1 and min.insync.replicas 1 (3 and 2 need 3 "
                 "brokers), so losing a broker can lose records; set source.replicationFactor to choose "
-                "(creating events, ns.p.dlq)"),
+                "(events, ns.p.dlq)"),
     (2, 2, "1", "the cluster has 2 brokers"),
 ])
 def test_topics_without_a_factor_are_created_as_the_brokers_allow(brokers, factor, min_insync, warning):
@@ -250,6 +250,21 @@ def test_topics_without_a_factor_are_created_as_the_brokers_allow(brokers, facto
     assert [w.message for w in p.warnings if warning and w.message.startswith(warning)] == \
         [w.message for w in p.warnings]
     assert bool(p.warnings) == bool(warning) and all(w.reason == "LowReplication" for w in p.warnings)
+
+
+@pytest.mark.parametrize("brokers, replicas, owned, warned", [
+    (1, 1, True, ["events", "ns.p.dlq"]),   # ours, as few as one broker allows: said again every pass
+    (2, 2, True, ["events", "ns.p.dlq"]),
+    (3, 3, True, []),                       # safe now
+    (1, 1, False, []),                      # adopted topics are their owners' to replicate
+])
+def test_the_low_replication_warning_stays_while_it_is_true(brokers, replicas, owned, warned):
+    have = {t.name: Existing(t.partitions, {"retention.ms": "1", "min.insync.replicas": "1"}, replicas)
+            for t in UNSET}
+    p = plan(UNSET, have, [t.name for t in UNSET] if owned else (), window_ms=WINDOW, brokers=brokers)
+    assert not p.create
+    named = [w.message.rsplit("(", 1)[-1].rstrip(")").split(", ") for w in p.warnings if "cluster has" in w.message]
+    assert named == ([warned] if warned else [])
 
 
 def test_an_explicit_factor_wins_and_the_source_config_keeps_its_min_insync():

@@ -27,14 +27,6 @@ def kafka_unavailable(why: str) -> Condition:
     return Condition(TOPICS, False, "KafkaUnavailable", why)
 
 
-def warning(report) -> Condition | None:
-    """The topic stage's warning, as data from control/topics.py (a report field such as a
-    replication factor below the cluster's default): TopicsReady stays True, with the warning's
-    reason and message. None: nothing to warn about. control/topics.py hands back no warning
-    yet; this is where it becomes a condition."""
-    return None
-
-
 def run(p: Pass, names: Names) -> tuple[bool, list[Condition]]:
     """Ensures the topics of `names` (the spec as the rebalance wants it: its partition count).
     Returns whether the dedup stage may go on, and the TopicsReady condition; a topic Kafka
@@ -80,8 +72,10 @@ def run(p: Pass, names: Names) -> tuple[bool, list[Condition]]:
         # Adopted topics are the producers' (or Strimzi's): reported with the fix, never changed.
         return (not any(m.partitions for m in report.mismatches),
                 [Condition(TOPICS, False, "AdoptedTopicMismatch", "; ".join(m.message() for m in report.mismatches))])
-    if (warned := warning(report)) is not None:
-        return True, [warned]
     adopted = f" (adopted, checked only: {', '.join(report.adopted)})" if report.adopted else ""
-    return True, [Condition(TOPICS, True, "TopicsReconciled", ("; ".join(changes) or "all topics as specified") + adopted)]
+    done = ("; ".join(changes) or "all topics as specified") + adopted
+    if report.warnings:  # e.g. LowReplication: the topics are usable, TopicsReady stays True
+        said = "; ".join([*(w.message for w in report.warnings), done])
+        return True, [Condition(TOPICS, True, report.warnings[0].reason, said)]
+    return True, [Condition(TOPICS, True, "TopicsReconciled", done)]
 

@@ -165,9 +165,12 @@ def plan(desired: list[TopicSpec], existing: dict[str, Existing], owned: Iterabl
     owned = set(owned)
     wanted = {t.name for t in desired}
     p = TopicPlan(owned=sorted(owned & wanted), released=sorted(owned - wanted))
-    low = [t.name for t in desired if t.replication_factor is None and t.name not in existing]
+    # Said on every pass while true, not only the pass that creates: a condition that went back
+    # to TopicsReconciled would hide that one broker's loss can lose records.
+    low = [t.name for t in desired if t.replication_factor is None
+           and (t.name not in existing or (t.name in owned and existing[t.name].replication < SAFE_REPLICATION))]
     if low and (why := replication(brokers, None).warning):
-        p.warnings.append(TopicWarning(LOW_REPLICATION, f"{why} (creating {', '.join(low)})"))
+        p.warnings.append(TopicWarning(LOW_REPLICATION, f"{why} ({', '.join(low)})"))
     for t in desired:
         have = existing.get(t.name)
         if have is None:
