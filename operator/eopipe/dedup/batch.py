@@ -26,7 +26,7 @@ from eopipe.core.keys import MalformedRecord, extract
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.partition_store import PartitionStore
-from eopipe.dedup.txn import API_TIMEOUT_S, FENCED_CODES, Abortable, Fenced, TxnCalls
+from eopipe.dedup.txn import API_TIMEOUT_S, COMMIT_ATTEMPT_S, FENCED_CODES, Abortable, Fenced, TxnCalls
 
 log = logging.getLogger("eopipe.dedup")
 
@@ -185,8 +185,8 @@ class Transaction:
         stall_by = max(t0 + 1.0, self.began + self.cfg.transaction_timeout_seconds - 1.0)
         deadline = stall_by if deadline is None else min(deadline, stall_by)
 
-        def left() -> float:
-            return max(1.0, min(API_TIMEOUT_S, deadline - time.monotonic()))
+        def left() -> float:  # one attempt's timeout: a timed-out attempt is retried (dedup/txn.py)
+            return max(1.0, min(COMMIT_ATTEMPT_S, deadline - time.monotonic()))
 
         producer, consumer = self.producer, self.consumer
         self.calls("send_offsets_to_transaction", lambda: producer.send_offsets_to_transaction(

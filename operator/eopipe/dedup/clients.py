@@ -15,7 +15,14 @@ from eopipe.dedup.config import WorkerConfig
 
 def _base(cfg: WorkerConfig) -> dict:
     # librdkafka's own logs go through Python logging (JSON lines like ours), summarized.
-    return {"bootstrap.servers": cfg.bootstrap, "logger": logs.rdkafka_logger(), **cfg.kafka_config}
+    return {"bootstrap.servers": cfg.bootstrap, "logger": logs.rdkafka_logger(),
+            # A client's reconnect back-off doubles while a broker is down, up to this (librdkafka's
+            # default 10 s): after a broker restart every client reconnects within a second of the
+            # broker's return instead of up to 10 s later. The coordinator lookup of a pending
+            # send_offsets_to_transaction only moves on a broker connection's state change
+            # (docs/design.md#broker-restart), so its commit waited for that reconnect too.
+            "reconnect.backoff.max.ms": 1000,
+            **cfg.kafka_config}
 
 
 def consumer_config(cfg: WorkerConfig, p: int) -> dict:

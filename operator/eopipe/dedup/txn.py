@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from logging import WARNING
+from logging import DEBUG, WARNING
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -26,6 +26,11 @@ log = logging.getLogger("eopipe.dedup")
 
 FENCED_CODES = {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 API_TIMEOUT_S = 15.0
+# One attempt of send_offsets_to_transaction / commit_transaction. A broker restart leaves an
+# attempt waiting for a coordinator connection that librdkafka re-checks only on a connection's
+# state change; a fresh attempt looks the coordinator up again. A retriable timeout is retried
+# (confluent-kafka documents both calls as retriable) until the commit's deadline.
+COMMIT_ATTEMPT_S = 2.0
 WATCHDOG_GRACE_S = 10.0
 
 
@@ -114,18 +119,20 @@ class TxnCalls:
                     if err.code() in FENCED_CODES:
                         raise Fenced(f"{what}: {err}") from None
                     raise RuntimeError(f"fatal producer error in {what}: {err}") from None
-                if stall and (err.code() == KafkaError._TIMED_OUT or (
-                        err.retriable() and deadline is not None and time.monotonic() >= deadline)):
+                past = deadline is not None and time.monotonic() >= deadline
+                if stall and ((err.code() == KafkaError._TIMED_OUT and not err.retriable()) or (
+                        err.retriable() and past)):
                     raise Stalled(f"{what}: {err}") from None
                 if err.txn_requires_abort():
                     raise Abortable(f"{what}: {err}") from None
                 if self.halt is not None and self.halt.is_set() and deadline is None:
                     raise Stopping(f"{what}: {err}") from None
-                if err.retriable() and (deadline is None or time.monotonic() < deadline):
-                    event(log, WARNING, "retrying transactional call", partition=self.p, call=what,
-                          error=str(err))
+                if err.retriable() and not past:
+                    # One warning per call; its further retries at debug.
+                    event(log, WARNING if delay == 0.1 else DEBUG, "retrying transactional call",
+                          partition=self.p, call=what, error=str(err))
                     time.sleep(delay)
-                    delay = min(delay * 2, 2.0)
+                    delay = min(delay * 2, 0.5 if stall else 2.0)
                     continue
                 raise Abortable(f"{what}: {err}") from None
 
