@@ -343,7 +343,7 @@ class Load(threading.Thread):
         if recent and r < (self.old_ratio if self.old_keys else 0.0) + self.dup_ratio:
             self.dups += 1
             return recent[self.rng.randrange(len(recent))]
-        ev = _event(self.rng, self.sent, now)
+        ev = _event(self.rng, self.sent, now, ("id",))
         recent.append(ev)
         del recent[:-1000]
         return ev
