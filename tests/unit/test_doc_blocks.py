@@ -70,10 +70,7 @@ def test_the_convention(text, expected):
     assert [p.split(": ")[0] for p in problems("d.md", text, {("d.md", "## Run"): "x"})] == expected
 
 
-@pytest.mark.parametrize("doc", [
-    pytest.param(d, marks=pytest.mark.xfail(strict=True, reason="its docker build block (What you need) is not "
-                                                              "marked yet: docs/install.md is another change's"))
-    if d == "docs/install.md" else d for d in DOCS])
+@pytest.mark.parametrize("doc", DOCS)
 def test_every_shell_block_is_run_or_marked(doc):
     assert problems(doc, (ROOT / doc).read_text()) == []
 

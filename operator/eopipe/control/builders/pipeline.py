@@ -3,10 +3,20 @@ that the reconcile pass applies and `eopipe render` prints."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from eopipe.control.builders import access, dedup, spark
-from eopipe.control.settings import Settings
 from eopipe.core.assignment import Assignment
 from eopipe.core.names import Names
+
+
+class Setup(Protocol):
+    """What the objects take of the operator's settings (control/settings.Settings has them);
+    named here so that the builders need not import the settings, which import the builders."""
+    image: str
+    spark_image: str
+    network_policy: access.PolicyPeers | None
+    spark_driver_cluster_role: str
 
 
 def dedup_objects(names: Names, image: str, assignment: Assignment, replicas: int,
@@ -28,6 +38,6 @@ def processing_objects(names: Names, spark_image: str, driver_cluster_role: str)
     return [*spark.driver_rbac(names, driver_cluster_role), spark.spark_application(names, spark_image)]
 
 
-def objects(names: Names, settings: Settings, assignment: Assignment, replicas: int) -> list[dict]:
+def objects(names: Names, settings: Setup, assignment: Assignment, replicas: int) -> list[dict]:
     return (dedup_objects(names, settings.image, assignment, replicas, settings.network_policy)
             + processing_objects(names, settings.spark_image, settings.spark_driver_cluster_role))
