@@ -21,9 +21,6 @@ from dataclasses import dataclass
 
 from eopipe.control.status import Condition
 
-SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
-SPARK_API = f"{SPARK_GROUP}/{SPARK_VERSION}"
-
 APPLY, DELETE, WAIT, NONE = "apply", "delete", "wait", "none"
 _DONE_PHASES = ("Succeeded", "Failed")  # a driver pod in these runs nothing any more
 

@@ -7,6 +7,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from eopipe.core.names import COUNT_KINDS
 from eopipe.core.wire import PartitionState
 
 
@@ -89,7 +90,7 @@ class Totals:
     """What the pod's partitions committed since it started (the counters above, summed over
     partitions), for /status: the operator turns them into records per second."""
 
-    KINDS = ("consumed", "emitted", "duplicates", "deadLettered")
+    KINDS = COUNT_KINDS  # the status' names: the operator sums what /status reports
 
     def __init__(self):
         self._lock = threading.Lock()  # partition threads add after each commit

@@ -9,7 +9,7 @@ from importlib import metadata
 
 from eopipe.control.builders import checkpoint, pods
 from eopipe.core import kafkaconf
-from eopipe.core.names import Names
+from eopipe.core.names import SPARK_API, Names
 
 SPARK_APP_MAIN = "local:///opt/eopipe/spark_app/main.py"
 CHECKPOINT_VOLUME = "checkpoint"
@@ -108,7 +108,7 @@ def spark_application(names: Names, image: str) -> dict:
     env = [e.model_dump(by_alias=True, exclude_none=True) for e in proc.env]
     vols, driver_mounts, executor_mounts = volumes(names)
     app = {
-        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "apiVersion": SPARK_API,
         "kind": "SparkApplication",
         "metadata": {"name": names.spark_app, "namespace": names.namespace, "labels": labels},
         "spec": {
