@@ -41,7 +41,7 @@ deps: venv kafka k8s tools spark-jars ## everything the tests and the demo need
 test: deps ## the whole test suite: unit, integration (real Kafka, control plane, Spark), e2e, node tier and fault tests
 	EOPIPE_NODE_TESTS=1 $(PY) -m pytest
 
-test-unit: $(VENV)/.installed-unit ## the unit tier alone: no services, no Kafka, Java or Go (under a minute)
+test-unit: $(VENV)/.installed-unit ## the unit tier alone: no services, no Kafka, Java or Go (about two minutes)
 	$(PY) -m pytest tests/unit
 
 test-integration: deps ## the integration tier: real Kafka, control plane, Spark and chart tools, no node tier
