@@ -35,6 +35,7 @@ from localenv.node.__main__ import kill_container, kubectl_argv
 from localenv.node.host import KUBELET_SYSCTLS, shim_sockets
 from tests.helpers import nodetier
 from tests.helpers.docs import sh_blocks
+from tests.helpers.manifests import differences
 from tests.helpers.nodetier import (
     BOOTSTRAP,
     EOPIPE,
@@ -270,6 +271,7 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier):
     ns, name = "default", "minimal"
     kubectl("-n", ns, "apply", "-f", str(REPO_ROOT / "examples" / "minimal.yaml"))
     wait(lambda: _settled(ns, name), 180, "the pipeline Ready")
+    _render_is_what_the_chart_applied(ns, "minimal.yaml", node_tier)
     _rescale(ns, name, ["scale", "exactlyoncepipeline", name, "--replicas=2"], "scale 1 -> 2")
 
     load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", "events",
@@ -314,6 +316,29 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier):
     kubectl("-n", "team-b", "delete", "exactlyoncepipeline", name, "--timeout=120s")
     left = topics()
     assert "events" in left and not {f"team-b.{name}.deduped", f"team-b.{name}.dlq"} & left, left
+
+
+def _render_is_what_the_chart_applied(ns: str, example: str, images: dict) -> None:
+    """`eopipe render` with the release, images and broker count of this install prints what the
+    chart's operator applied, with the chart's defaults (its NetworkPolicy, the token Secret, the
+    driver ClusterRole's name): every field render sets has that value in the live object.
+    The token Secret's data aside: render's is a placeholder, the operator's is random."""
+    res = subprocess.run([sys.executable, "-m", "eopipe.tools.cli", "render", str(REPO_ROOT / "examples" / example),
+                          "--namespace", ns, "--release", "eopipe", "--operator-namespace", "eopipe-system",
+                          "--image", images["app"], "--spark-image", images["spark"], "--brokers", "1"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
+    assert res.returncode == 0, res.stderr
+    *rendered, kafka_topics = [d for d in yaml.safe_load_all(res.stdout) if d]
+    assert kafka_topics["kind"] == "KafkaTopics"
+    assert {"NetworkPolicy", "Secret", "StatefulSet"} <= {d["kind"] for d in rendered}
+    for want in rendered:
+        group, _, version = want["apiVersion"].rpartition("/")
+        resource = ".".join(filter(None, (want["kind"].lower(), version if group else "", group)))
+        live = kubectl_json("-n", ns, "get", f"{resource}/{want['metadata']['name']}")
+        if want["kind"] == "Secret":
+            want = {k: v for k, v in want.items() if k != "data"}
+        assert not list(differences(want, live)), f"{resource}: {list(differences(want, live))}"
+    log(f"eopipe render = what the chart's operator applied: {len(rendered)} objects")
 
 
 def _spark_app(ns: str, name: str) -> dict:

@@ -14,6 +14,7 @@ from eopipe.control.settings import Settings
 from eopipe.core.kafkaconf import OPT_IN
 from eopipe.core.names import deduped_topic, dlq_topic
 from localenv.fixtures_operator import kubectl, wait_for
+from tests.helpers.manifests import differences
 from tests.helpers.pipelines import (
     condition,
     example_manifest,
@@ -536,7 +537,7 @@ def test_render_is_what_the_operator_applies(operator, kube_api, kafka_bootstrap
         assert live is not None, f"{what}: not applied"
         if want["kind"] == "Secret":  # render's token is a placeholder; the operator's is random
             want = {k: v for k, v in want.items() if k != "data"}
-        assert not list(_differences(want, live)), f"{what}: {list(_differences(want, live))}"
+        assert not list(differences(want, live)), f"{what}: {list(differences(want, live))}"
 
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     md = admin.list_topics(timeout=10).topics
@@ -547,15 +548,3 @@ def test_render_is_what_the_operator_applies(operator, kube_api, kafka_bootstrap
         res = ConfigResource(ConfigResource.Type.TOPIC, t["name"])
         live = {k: v.value for k, v in admin.describe_configs([res])[res].result(30).items()}
         assert {k: live.get(k) for k in t["config"]} == t["config"], t["name"]
-
-
-def _differences(want, live, path=""):
-    """Where `live` differs from `want` in a field `want` sets (the API server adds defaults)."""
-    if isinstance(want, dict) and isinstance(live, dict):
-        for k, v in want.items():
-            yield from _differences(v, live.get(k), f"{path}.{k}")
-    elif isinstance(want, list) and isinstance(live, list) and len(want) == len(live):
-        for i, (a, b) in enumerate(zip(want, live)):
-            yield from _differences(a, b, f"{path}[{i}]")
-    elif want != live:
-        yield f"{path}: rendered {want!r}, applied {live!r}"

@@ -29,3 +29,15 @@ def changed(doc: dict, **paths) -> dict:
         else:
             node[last] = copy.deepcopy(value)
     return doc
+
+
+def differences(want, live, path=""):
+    """Where `live` differs from `want` in a field `want` sets (the API server adds defaults)."""
+    if isinstance(want, dict) and isinstance(live, dict):
+        for k, v in want.items():
+            yield from differences(v, live.get(k), f"{path}.{k}")
+    elif isinstance(want, list) and isinstance(live, list) and len(want) == len(live):
+        for i, (a, b) in enumerate(zip(want, live)):
+            yield from differences(a, b, f"{path}[{i}]")
+    elif want != live:
+        yield f"{path}: rendered {want!r}, applied {live!r}"
