@@ -9,7 +9,7 @@ from importlib import metadata
 
 from eopipe.control.builders import checkpoint, pods
 from eopipe.core import kafkaconf
-from eopipe.core.names import SPARK_API, Names
+from eopipe.core.names import Names
 
 SPARK_APP_MAIN = "local:///opt/eopipe/spark_app/main.py"
 CHECKPOINT_VOLUME = "checkpoint"
@@ -108,7 +108,8 @@ def spark_application(names: Names, image: str) -> dict:
     env = [e.model_dump(by_alias=True, exclude_none=True) for e in proc.env]
     vols, driver_mounts, executor_mounts = volumes(names)
     app = {
-        "apiVersion": SPARK_API,
+        # A literal: tests/unit/test_permissions.py reads the kinds the builders make from it.
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
         "kind": "SparkApplication",
         "metadata": {"name": names.spark_app, "namespace": names.namespace, "labels": labels},
         "spec": {
