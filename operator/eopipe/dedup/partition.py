@@ -92,8 +92,9 @@ class PartitionRunner(threading.Thread):
             self._loop()
             self.set_state(PartitionState.STOPPED)
             event(log, INFO, "partition stopped", partition=self.p, committed=self.committed)
-        except Stopping:
+        except Stopping:  # told to stop while recovering: nothing committed since `committed`
             self.set_state(PartitionState.STOPPED)
+            event(log, INFO, "partition stopped", partition=self.p, committed=self.committed, interrupted=True)
         except Fenced as e:
             self.error = str(e)
             self.set_state(PartitionState.FENCED)
