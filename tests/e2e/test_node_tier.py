@@ -8,7 +8,6 @@ on the host."""
 from __future__ import annotations
 
 import base64
-import fcntl
 import ipaddress
 import json
 import os
@@ -30,9 +29,9 @@ from eopipe.core.names import LABEL_PIPELINE, Names
 from eopipe.core.processing import DEFAULT_MOUNT_PATH as MOUNT_PATH
 from eopipe.core.spec import PipelineSpec
 from localenv import REPO_ROOT
-from localenv.node import NETNS, NETPOL_STATUS, NODE_NAME, POD_CIDR, RUN_DIR
+from localenv.node import NETNS, NETPOL_STATUS, NODE_NAME, POD_CIDR
 from localenv.node.__main__ import kill_container, kubectl_argv
-from localenv.node.host import KUBELET_SYSCTLS, shim_sockets
+from localenv.node.host import shim_sockets
 from tests.helpers import nodetier
 from tests.helpers.docs import sh_blocks
 from tests.helpers.manifests import differences
@@ -45,6 +44,8 @@ from tests.helpers.nodetier import (
     kubectl,
     kubectl_json,
     log,
+    node_cmd,
+    sysctls,
     shell_env,
     tag_image,
     tcp_probe,
@@ -66,29 +67,6 @@ POD_SCRIPT = ("eopipe --version && python -c \"import socket; "
               "socket.create_connection(('10.0.0.1', 443), 5); print('service ok')\" && exec sleep 3600")
 
 
-def _node(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "localenv.node", *args], check=False, cwd=REPO_ROOT,
-                          text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def node_tier():
-    # One tier per machine (fixed namespace and paths): a concurrent run waits for this one.
-    with open("/run/lock/eopipe-node-tier.lock", "w") as lock:
-        deadline = time.monotonic() + 1200
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                assert time.monotonic() < deadline, "another run holds the node tier"
-                time.sleep(2)
-        if (RUN_DIR / "serve.pid").exists() and (RUN_DIR / "ready").exists():
-            pytest.fail("a node tier is already up (make cluster?): `make cluster-down` first")
-        yield from _tier()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _log_to_terminal(pytestconfig):
     """The tier's start, pods, steps and verdicts in the run's own output, passed or not
@@ -101,19 +79,6 @@ def _log_to_terminal(pytestconfig):
     before, nodetier.emit = nodetier.emit, write
     yield
     nodetier.emit = before
-
-
-def _sysctls() -> dict[str, str]:
-    return {k: (Path("/proc/sys") / k).read_text() for k in KUBELET_SYSCTLS}
-
-
-def _tier():
-    before = _sysctls()
-    res = _node("up")
-    log(f"make cluster: {res.stdout}")
-    assert res.returncode == 0, res.stdout
-    yield {**json.loads((RUN_DIR / "images.json").read_text()), "sysctls": before}
-    _node("down")
 
 
 def test_pod_from_the_project_image_runs_on_the_kubelet(node_tier):
@@ -148,7 +113,7 @@ def test_pod_from_the_project_image_runs_on_the_kubelet(node_tier):
     inside = subprocess.run(["ip", "netns", "exec", NETNS, "iptables-save"], check=False,
                             capture_output=True, text=True).stdout
     assert "KUBE-SERVICES" in inside
-    assert json.loads(_node("leftovers").stdout)["iptables"] == []
+    assert json.loads(node_cmd("leftovers").stdout)["iptables"] == []
     # The pod's shim socket: at a fixed host path; the teardown test checks it is gone.
     node_tier["shim_sockets"] = shim_sockets()
     assert node_tier["shim_sockets"], "no shim socket found for the running pod"
@@ -986,9 +951,9 @@ def test_a_hostile_tenant_gains_nothing(node_tier):
 
 def test_down_leaves_nothing_behind(node_tier):
     """Last in the module: cluster-down with a pod still running."""
-    res = _node("down", timeout=180)
+    res = node_cmd("down", timeout=180)
     assert res.returncode == 0, res.stdout
-    left = json.loads(_node("leftovers").stdout)
+    left = json.loads(node_cmd("leftovers").stdout)
     assert not any(left.values()), left
     assert not [p for p in node_tier.get("shim_sockets", []) if p.exists()]
-    assert _sysctls() == node_tier["sysctls"]  # the host-wide ones the kubelet sets, put back
+    assert sysctls() == node_tier["sysctls"]  # the host-wide ones the kubelet sets, put back

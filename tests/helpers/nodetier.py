@@ -169,3 +169,16 @@ def http_raw(ns: str, pod: str, ip: str, port: int, requests: list[bytes], timeo
         if "response" in r:
             r["response"] = base64.b64decode(r["response"])
     return res
+
+
+def node_cmd(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """`python -m localenv.node ARGS` (what `make cluster` / `make cluster-down` run)."""
+    return subprocess.run([sys.executable, "-m", "localenv.node", *args], check=False, cwd=REPO_ROOT, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+
+
+def sysctls() -> dict[str, str]:
+    """The host-wide sysctls the kubelet sets (put back by `down`)."""
+    from localenv.node.host import KUBELET_SYSCTLS
+
+    return {k: (Path("/proc/sys") / k).read_text() for k in KUBELET_SYSCTLS}
