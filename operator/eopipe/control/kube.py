@@ -50,11 +50,13 @@ class Applier:
         return self.dyn.resources.get(api_version=api_version, kind=kind)
 
     def apply(self, manifest: dict, owner: dict | None = None, *, owned: bool = True,
-              retainable: bool = False) -> dict:
+              retainable: bool = False, create_only: bool = False) -> dict:
         """Applies `manifest` for the pipeline `owner`, with an ownerReference to it if `owned`.
         An existing object that is not the pipeline's raises ObjectConflict untouched;
         `retainable`: the object may outlive its pipeline (ownership.decide's kept_for). Without
-        an owner (tools, tests), a plain forced apply."""
+        an owner (tools, tests), a plain forced apply. `create_only`: a missing object is made
+        by the POST alone, one write (control/sparkwrites.py says why); a later apply takes its
+        fields over."""
         if owner is None:
             return self._apply(manifest)
         meta = manifest["metadata"]
@@ -67,6 +69,8 @@ class Applier:
             manifest = {**manifest, "metadata": {**meta, "ownerReferences": [owner_reference(owner)]}}
         if decision == ownership.CREATE:
             live = self._create(manifest)
+            if create_only:
+                return live
         # The uid read (or just made) is a precondition, uid being immutable (422): an object
         # replaced by someone else since is refused, never overwritten.
         out = self._apply({**manifest, "metadata": {**manifest["metadata"], "uid": live["metadata"]["uid"]}})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from eopipe.control import sparkstage, sparkstatus
+from eopipe.control import sparkstage, sparkstatus, sparkwrites
 from eopipe.control.builders import checkpoint
 from eopipe.control.builders.pipeline import processing_objects
 from eopipe.control.ownership import CONFLICT, ObjectConflict, decide
@@ -48,8 +48,8 @@ def run(p: Pass) -> Condition:
         if not out.retry:  # Kafka's reason, if any, comes first
             out.retry_reason = "waiting for the stopped Spark driver to be gone"
         out.retry = True
-    elif plan.action == sparkstage.APPLY:
-        app = plane.applier.apply(application, owner)
+    elif plan.action == sparkstage.APPLY and sparkwrites.write_now(app, application):
+        app = plane.applier.apply(application, owner, create_only=app is None)
     if plan.condition is not None:
         out.fields["sparkApplicationState"] = None  # no application of this spec runs
         return plan.condition
