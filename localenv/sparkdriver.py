@@ -136,7 +136,25 @@ def submit_command(app: dict, jars_dir: Path | None, python: str = sys.executabl
     env.update({"PYSPARK_PYTHON": python, "PYSPARK_DRIVER_PYTHON": python,
                 "SPARK_LOCAL_IP": "127.0.0.1"})
     env.pop("PYSPARK_GATEWAY_PORT", None)
-    for e in (spec.get("driver") or {}).get("env") or []:
+    for e in container_list(spec, "driver", "env"):
         if "value" in e:
             env[e["name"]] = rewrite(str(e["value"]))
     return argv, env
+
+
+def container_list(spec: dict, role: str, field: str) -> list[dict]:
+    """A list of the driver's or the executors' Spark container (env, volumeMounts): the
+    SparkApplication's own (the Spark Operator's pod webhook applies them), then its pod
+    template's (Spark applies those), as the pod ends up with both."""
+    part = spec.get(role) or {}
+    containers = ((part.get("template") or {}).get("spec") or {}).get("containers") or [{}]
+    return list(part.get(field) or []) + list(containers[0].get(field) or [])
+
+
+def pod_volumes(spec: dict) -> dict[str, dict]:
+    """name -> volume: spec.volumes and those of the driver's and the executors' pod templates."""
+    out = {v["name"]: v for v in spec.get("volumes") or []}
+    for role in ("driver", "executor"):
+        template = ((spec.get(role) or {}).get("template") or {}).get("spec") or {}
+        out.update({v["name"]: v for v in template.get("volumes") or []})
+    return out

@@ -16,11 +16,12 @@ Mapping (the command is built in sparkdriver.py):
 * mainApplicationFile `local:///opt/eopipe/<path>` -> `<repo>/<path>` (the image's layout);
   other `local://` paths are used as they are. spec.arguments are passed through.
 * spec.sparkConf -> `--conf k=v`; spec.driver.memory -> spark.driver.memory; spark.jars ->
-  the cached connector jars (the image has them in $SPARK_HOME/jars); spec.driver.env
-  literal values -> the driver's environment. Master `local[C,4]` with C = executor
+  the cached connector jars (the image has them in $SPARK_HOME/jars); the literal values of
+  spec.driver.env and its pod template's env -> the driver's environment. Master `local[C,4]` with C = executor
   instances x cores (at least 2), 4 attempts per task; small shuffle partitions and the UI
   off unless sparkConf says otherwise.
-* spec.volumes mounted by driver.volumeMounts or executor.volumeMounts (one process here):
+* spec.volumes and the pod templates' volumes (driver.template, executor.template) mounted by
+  the volumeMounts of driver, executor or their templates' Spark container (one process here):
   a persistentVolumeClaim is its PersistentVolume's directory (the node agent's provisioner
   makes hostPath PVs), a hostPath its path, an emptyDir a fresh directory per attempt; those
   mount paths in the arguments and env values point there (localenv/nodeagent's rewrite). A
@@ -60,7 +61,7 @@ import time
 from pathlib import Path
 
 from localenv import daemon
-from localenv.sparkdriver import DriverProcess, submit_command
+from localenv.sparkdriver import DriverProcess, container_list, pod_volumes, submit_command
 
 GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 
@@ -234,12 +235,12 @@ def volume_dir(volume: dict, pv_path, empty_dir: Path) -> Path:
 def app_mounts(app: dict, pv_path, empty_dir: Path) -> dict[str, str]:
     """mountPath -> local directory for the driver's and the executors' volumeMounts."""
     spec = app.get("spec") or {}
-    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    volumes = pod_volumes(spec)
     out: dict[str, str] = {}
     for pod in ("driver", "executor"):
-        for m in (spec.get(pod) or {}).get("volumeMounts") or []:
+        for m in container_list(spec, pod, "volumeMounts"):
             if m["name"] not in volumes:
-                raise ValueError(f"{pod}.volumeMounts: {m['name']!r} is not in spec.volumes")
+                raise ValueError(f"{pod}.volumeMounts: {m['name']!r} is not in spec.volumes or its pod template")
             local = volume_dir(volumes[m["name"]], pv_path, empty_dir) / (m.get("subPath") or "")
             local.mkdir(parents=True, exist_ok=True)
             out[m["mountPath"]] = str(local)

@@ -5,10 +5,9 @@
   authority is the API server's PodSecurity admission plugin (on by default): the integration
   and e2e tests label a namespace with `restrict_namespace` and create pods there.
 - `spark_pod(app, role)`: the pod Spark on Kubernetes creates for a SparkApplication's driver or
-  executor, as the Kubeflow Spark Operator's pod webhook completes it
-  (internal/webhook/sparkpod_defaulter.go: `podSecurityContext` replaces the pod's
-  securityContext, `securityContext` the Spark container's). There is no Spark Operator here
-  and the local Spark runner starts no pods, so this is the closest the tests get to them.
+  executor from its pod template (`<role>.template`, which carries the security contexts:
+  control/builders/spark.py). The process tiers start no pods, so this is the closest they get;
+  the node tier checks the real pods (tests/e2e/test_node_tier.py).
 - `pod_from_template(template, name)`: a Pod of a workload's pod template.
 - `dry_run_create(kube_api, ns, pod)`: None if the API server admits the pod, else its refusal.
 - `POD_TEMPLATE`: a `dedup.podTemplate` that uses every field.
@@ -78,23 +77,23 @@ def restricted_problems(pod: dict) -> list[str]:
 
 
 def spark_pod(app: dict, role: str) -> dict:
-    """The driver or an executor pod of a SparkApplication (v1beta2), as it reaches admission."""
+    """The driver or an executor pod of a SparkApplication (v1beta2), as Spark on Kubernetes makes
+    it from the role's pod template (`<role>.template`: its Spark container and pod fields kept,
+    Spark's own container fields, local dir and conf volume added) and as it reaches admission."""
     spec, part = app["spec"], app["spec"][role]
     meta = app["metadata"]
-    container = {"name": SPARK_CONTAINER[role], "image": part.get("image") or spec["image"],
-                 "args": [role], "env": list(part.get("env") or []),
-                 # Spark's own mounts: its local dir (emptyDir) and, on the driver, its conf.
-                 "volumeMounts": [{"name": "spark-local-dir-1", "mountPath": "/var/data/spark-local"}]}
-    volumes = [{"name": "spark-local-dir-1", "emptyDir": {}}]
+    pod = copy.deepcopy((part.get("template") or {}).get("spec") or {})
+    containers = pod.setdefault("containers", [{"name": SPARK_CONTAINER[role]}])
+    container = next(c for c in containers if c["name"] == SPARK_CONTAINER[role])
+    container.update(image=part.get("image") or spec["image"], args=[role])
+    # Spark's own mounts: its local dir (emptyDir) and, on the driver, its conf.
+    container.setdefault("volumeMounts", []).append({"name": "spark-local-dir-1", "mountPath": "/var/data/spark-local"})
+    volumes = pod.setdefault("volumes", [])
+    volumes.append({"name": "spark-local-dir-1", "emptyDir": {}})
     if role == "driver":
         container["volumeMounts"].append({"name": "spark-conf-volume-driver", "mountPath": "/opt/spark/conf"})
         volumes.append({"name": "spark-conf-volume-driver", "configMap": {"name": f"{meta['name']}-conf"}})
-    pod = {"containers": [container], "volumes": volumes, "restartPolicy": "Never",
-           "serviceAccountName": spec["driver"].get("serviceAccount", "default")}
-    if "securityContext" in part:
-        container["securityContext"] = copy.deepcopy(part["securityContext"])
-    if "podSecurityContext" in part:
-        pod["securityContext"] = copy.deepcopy(part["podSecurityContext"])
+    pod.update(restartPolicy="Never", serviceAccountName=spec["driver"].get("serviceAccount", "default"))
     if spec.get("imagePullSecrets"):
         pod["imagePullSecrets"] = [{"name": n} for n in spec["imagePullSecrets"]]
     return {"apiVersion": "v1", "kind": "Pod",

@@ -92,7 +92,7 @@ def test_kafka_credentials_reach_pods_as_secret_refs_and_the_operator_as_values(
                for k, e in env.items() if k.startswith("EOPIPE_KAFKA_")}
     assert kafkaconf.from_env(pod_env) == {k: v for k, v in conf.items() if k != "bootstrap.servers"}
     # The Spark driver gets the same variables (spark_app reads them, see spark_app/config.py).
-    driver = spark.spark_application(n, "img")["spec"]["driver"]
+    driver = spark.spark_application(n, "img")["spec"]["driver"]["template"]["spec"]["containers"][0]
     assert {e["name"]: e for e in driver["env"]} == {k: e for k, e in env.items() if k.startswith("EOPIPE_KAFKA_")}
 
 
@@ -151,9 +151,10 @@ def test_every_example_checkpoints_on_a_mounted_volume_or_a_remote_uri(example):
     conf = json.loads(app["spec"]["arguments"][1])
 
     def mounted(path, pod):
-        claims = {v["name"] for v in app["spec"].get("volumes", []) if "persistentVolumeClaim" in v}
+        template = app["spec"][pod]["template"]["spec"]
+        claims = {v["name"] for v in template.get("volumes", []) if "persistentVolumeClaim" in v}
         return any(m["name"] in claims and path.startswith(m["mountPath"].rstrip("/") + "/")
-                   for m in app["spec"][pod].get("volumeMounts", []))
+                   for m in template["containers"][0].get("volumeMounts", []))
     assert is_remote(conf["checkpoint_location"]) or mounted(conf["checkpoint_location"], "driver")
     if conf["sink"]["kind"] == "files":
         path = conf["sink"]["path"]
@@ -183,13 +184,18 @@ def test_the_checkpoint_claim_and_its_mounts(checkpoint, deletion, claim, mounts
         assert pvc["spec"]["accessModes"] == modes and pvc["spec"]["resources"]["requests"]["storage"] == size
         assert pvc["spec"].get("storageClassName") == sc and ck.owned(names) is owned
     app = spark.spark_application(names, "img")["spec"]
+    # Only in the pod templates, which Spark applies: the Spark Operator's webhook (when on)
+    # would add spec.volumes a second time, and without it they would be dropped.
+    assert "volumes" not in app and "volumeMounts" not in app["driver"] and "volumeMounts" not in app["executor"]
+    driver, executor = (app[role]["template"]["spec"] for role in ("driver", "executor"))
     if mounts is None:
-        assert "volumes" not in app and "volumeMounts" not in app["driver"]
+        assert "volumes" not in driver and "volumeMounts" not in driver["containers"][0]
         return
     claim_name, path, executors = mounts
-    assert app["volumes"] == [{"name": "checkpoint", "persistentVolumeClaim": {"claimName": claim_name}}]
-    assert app["driver"]["volumeMounts"] == [{"name": "checkpoint", "mountPath": path}]
-    assert ("volumeMounts" in app["executor"]) is executors  # a ReadWriteOnce claim only in the driver
+    assert driver["volumes"] == [{"name": "checkpoint", "persistentVolumeClaim": {"claimName": claim_name}}]
+    assert driver["containers"][0]["volumeMounts"] == [{"name": "checkpoint", "mountPath": path}]
+    assert ("volumeMounts" in executor["containers"][0]) is executors  # a ReadWriteOnce claim only in the driver
+    assert ("volumes" in executor) is executors
     assert json.loads(app["arguments"][1])["checkpoint_location"] == f"{path}/checkpoints/payments"
 
 
@@ -218,13 +224,19 @@ def test_processing_settings_reach_the_spark_application_and_spark_app():
     assert (executor["instances"], executor["cores"], executor["memory"], executor["memoryOverhead"]) == \
         (3, 2, "4g", "1g")
     assert driver["serviceAccount"] == "own-sa"
-    for pod in (driver, executor):
+    for part in (driver, executor):  # pod fields in the pod template (Spark applies it)
+        pod = part["template"]["spec"]
         assert pod["nodeSelector"] == {"pool": "spark"} and pod["tolerations"][0]["key"] == "spark"
-        assert pod["affinity"] == {"nodeAffinity": {}} and pod["envFrom"] == [{"secretRef": {"name": "s3-extra"}}]
-        assert {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "id"}}} in pod["env"]
-    assert [e for e in driver["env"] if e["name"].startswith("EOPIPE_KAFKA_")]  # the operator's, kept
+        assert pod["affinity"] == {"nodeAffinity": {}}
+        assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": "s3-extra"}}]
+        assert {"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "id"}}} \
+            in pod["containers"][0]["env"]
+        assert not {"nodeSelector", "tolerations", "affinity", "env", "envFrom"} & set(part)
+    driver_env = driver["template"]["spec"]["containers"][0]["env"]
+    assert [e for e in driver_env if e["name"].startswith("EOPIPE_KAFKA_")]  # the operator's, kept
     # Unset: nothing extra in the application (Spark's and the operator's defaults apply).
     plain = spark.spark_application(example_names(), "img")["spec"]
-    assert "hadoopConf" not in plain and "memoryOverhead" not in plain["driver"] and "env" not in plain["executor"]
+    assert "hadoopConf" not in plain and "memoryOverhead" not in plain["driver"]
+    assert "env" not in plain["executor"]["template"]["spec"]["containers"][0]
     assert plain["driver"]["serviceAccount"] == "payments-spark"
     assert "schema" in json.loads(plain["arguments"][1])  # payments.yaml declares its schema

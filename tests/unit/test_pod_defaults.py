@@ -75,16 +75,19 @@ def test_the_checker_sees_what_the_standard_refuses():
 
 @pytest.mark.parametrize("role", ["driver", "executor"])
 def test_spark_pods_get_the_restricted_security_fields(role):
-    """The SparkApplication's v1beta2 fields `<role>.podSecurityContext` and
-    `<role>.securityContext`, and the pod the Spark Operator makes of them."""
+    """The role's pod template carries the security contexts (Spark applies it, with the Spark
+    Operator's webhook on or off), and the pod Spark makes of it passes the restricted profile."""
     app = spark.spark_application(_names(), "eopipe-spark:dev")
     part = app["spec"][role]
-    assert part["podSecurityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
-                                          "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}}
-    assert part["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
-                                       "capabilities": {"drop": ["ALL"]}}
+    template = part["template"]["spec"]
+    assert template["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                                           "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert template["containers"][0]["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                                            "capabilities": {"drop": ["ALL"]}}
+    # Not the webhook's fields too: with the webhook on they would be applied a second time.
+    assert "podSecurityContext" not in part and "securityContext" not in part
     pod = spark_pod(app, role)["spec"]
-    assert pod["securityContext"] == part["podSecurityContext"]
+    assert pod["securityContext"] == template["securityContext"]
     assert restricted_problems(pod) == []
 
 

@@ -68,30 +68,41 @@ def shuffle_partitions(names: Names) -> int:
     return max(2, 2 * ex.instances * ex.cores)
 
 
-def _security() -> dict:
-    """The driver's and the executors' security settings, which the Spark Operator copies into
-    the pods Spark creates (its pod webhook: podSecurityContext becomes the pod's
-    securityContext, securityContext the Spark container's). The root filesystem stays
-    writable: Spark and spark_app write outside the local-dir volumes Spark mounts (the JVM and
-    spark_app's zip of itself under /tmp, caches under the home directory), and no test here
-    runs Spark in a container to find every such path."""
-    return {"podSecurityContext": pods.pod_security_context(),
-            "securityContext": pods.container_security_context(read_only_root_filesystem=False)}
+# The Spark container of each pod (org.apache.spark.deploy.k8s.Constants); a pod template names it.
+SPARK_CONTAINER = {"driver": "spark-kubernetes-driver", "executor": "spark-kubernetes-executor"}
 
 
-def _pod(proc, labels: dict, role) -> dict:
-    """What the driver and the executors share: resources, placement, env, security."""
-    pod = {"cores": role.cores, "memory": role.memory, "labels": labels, **_security()}
-    extra = {"coreRequest": role.core_request, "memoryOverhead": role.memory_overhead,
-             "nodeSelector": dict(proc.node_selector) or None,
-             "tolerations": list(proc.tolerations) or None, "affinity": proc.affinity,
-             "envFrom": list(proc.env_from) or None}
+def _pod(role) -> dict:
+    """What spark-submit itself passes to the pods (as Spark settings): resources."""
+    pod = {"cores": role.cores, "memory": role.memory}
+    extra = {"coreRequest": role.core_request, "memoryOverhead": role.memory_overhead}
     pod.update({k: v for k, v in extra.items() if v is not None})
     return pod
 
 
+def pod_template(proc, role: str, env: list[dict], vols: list[dict], mounts: list[dict]) -> dict:
+    """The driver's or the executors' pod template, which Spark applies to the pods it creates:
+    the restricted security contexts, the checkpoint claim, env and placement. Not the
+    SparkApplication's own pod fields: the Spark Operator's pod webhook is what applies those
+    (v2.5.2's spark-submit passes only its local-dir volumes and `envVars`), so with the webhook
+    off they would be dropped (a checkpoint in the container's file system: a replaced driver
+    replays), and with it on the webhook would add a volume the template has a second time.
+    The root filesystem stays writable: Spark and spark_app write outside the local-dir volumes
+    Spark mounts (the JVM and spark_app's zip of itself under /tmp, caches under the home
+    directory), and no test here runs Spark in a container to find every such path."""
+    container = {"name": SPARK_CONTAINER[role],
+                 "securityContext": pods.container_security_context(read_only_root_filesystem=False)}
+    extra = {"env": env or None, "envFrom": list(proc.env_from) or None, "volumeMounts": mounts or None}
+    container.update({k: v for k, v in extra.items() if v is not None})
+    spec = {"securityContext": pods.pod_security_context(), "containers": [container]}
+    placement = {"volumes": vols if mounts else None, "nodeSelector": dict(proc.node_selector) or None,
+                 "tolerations": list(proc.tolerations) or None, "affinity": proc.affinity}
+    spec.update({k: v for k, v in placement.items() if v is not None})
+    return {"spec": spec}
+
+
 def volumes(names: Names) -> tuple[list[dict], list[dict], list[dict]]:
-    """(spec.volumes, the driver's volumeMounts, the executors'): the checkpoint claim in the
+    """(the pods' volumes, the driver's volumeMounts, the executors'): the checkpoint claim in the
     driver, and in the executors too when it is ReadWriteMany (their state files, a files sink)."""
     claim = checkpoint.claim_name(names)
     if claim is None:
@@ -129,22 +140,16 @@ def spark_application(names: Names, image: str) -> dict:
             },
             # spark_app reads the Kafka client settings (credentials from Secrets) on the
             # driver and hands them to the Kafka source and sink it plans for the executors.
-            "driver": {**_pod(proc, labels, proc.driver),
+            "driver": {**_pod(proc.driver), "labels": labels,
                        "serviceAccount": proc.service_account or driver_rbac(names)[0]["metadata"]["name"],
-                       "env": kafkaconf.pod_env(names.spec.kafka) + env},
-            "executor": {"instances": proc.executors.instances,
-                         **_pod(proc, labels, proc.executors)},
+                       "template": pod_template(proc, "driver", kafkaconf.pod_env(names.spec.kafka) + env,
+                                                vols, driver_mounts)},
+            "executor": {"instances": proc.executors.instances, **_pod(proc.executors), "labels": labels,
+                         "template": pod_template(proc, "executor", env, vols, executor_mounts)},
         },
     }
-    if env:
-        app["spec"]["executor"]["env"] = env
     if proc.hadoop_conf:
         app["spec"]["hadoopConf"] = dict(proc.hadoop_conf)
-    if vols:
-        app["spec"]["volumes"] = vols
-        app["spec"]["driver"]["volumeMounts"] = driver_mounts
-        if executor_mounts:
-            app["spec"]["executor"]["volumeMounts"] = executor_mounts
     if secrets := pods.image_pull_secrets(names.spec):
         app["spec"]["imagePullSecrets"] = secrets  # v1beta2 takes names, not references
     return app
