@@ -35,6 +35,7 @@ if not __package__:  # run as a file by spark-submit: make `spark_app` importabl
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spark_app.config import META_COLUMNS, Config, ConfigError, FileSink, KafkaSink, load  # noqa: E402
+from spark_app.progress import PORT_LINE, Progress, listen, serve  # noqa: E402
 
 RUNNING_LINE = "eopipe-spark: streaming query running"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -273,6 +274,13 @@ def run(cfg: Config) -> int:
     signal.signal(signal.SIGTERM, on_term)
     _kafka_topics_exist(cfg)
     spark = build_session(cfg)
+    progress = Progress(int(time.time() * 1000))
+    listen(spark, progress)  # before the query starts: its first batch is reported too
+    try:
+        server = serve(progress)
+        print(f"{PORT_LINE} port={server.server_address[1]}", flush=True)
+    except OSError as e:  # the port taken (another driver on this host): run, unobserved
+        log(f"progress not served: {e}")
     query = start_query(spark, cfg)
     print(f"{RUNNING_LINE} id={query.id} run={query.runId} source={cfg.source_topic} "
           f"sink={cfg.sink.kind}", flush=True)

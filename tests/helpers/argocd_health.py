@@ -24,13 +24,17 @@ APP_CM_KEY = "resource.customizations.health.argoproj.io_Application"
 # Every reason a stage condition can be False with, and how Argo CD should show it.
 DEGRADED_REASONS = {"KafkaUnavailable", "NotSupported", "SparkOperatorMissing", "SparkFailed", "InvalidSpec",
                     "ApplyFailed", "AdoptedTopicMismatch", "Conflict", "HangingTransaction", "LagGrowing",
-                    "PolicyDenied"}
+                    "PolicyDenied", "SparkStuck"}
 PROGRESSING_REASONS = {"PodsNotReady", "SparkStarting"}
 
 OK_STAGES = [Condition("TopicsReady", True, "TopicsReconciled", "all topics as specified"),
              Condition("DedupReady", True, "PodsReady", "2/2 pods ready"),
              Condition("ProcessingReady", True, "Running", "Spark application running")]
 
+SPARK_STUCK = ("no Spark batch for 600s (last: batch 41; the trigger is 1000ms) while 5000 records wait in "
+               "ns.p.deduped: see the driver's log")
+PROCESSING_STATUS = {"lastBatchId": 41, "lastBatchTime": "2026-11-25T23:00:00Z", "batchDurationMs": 250,
+                     "inputRowsPerSecond": 100.0, "processedRowsPerSecond": 480.0, "lagRecords": 0}
 HANGING = ("p-deduped partition 1: a transaction open at offset 42 for 900s holds every read_committed reader; "
            "find it with `kafka-transactions.sh ... find-hanging` and abort it")
 LAGGING = "the dedup lag has stayed above spec.dedup.lagThreshold (10000 records) for 5m"
@@ -106,6 +110,10 @@ CASES = [
      "Degraded", "HangingTransaction"),
     ("lag growing past the threshold", pipeline(stage("DedupReady", "LagGrowing", LAGGING)), "Degraded",
      "LagGrowing"),
+    ("spark stage stuck", pipeline(stage("ProcessingReady", "SparkStuck", SPARK_STUCK),
+                                   extra_status={"processing": {**PROCESSING_STATUS, "lagRecords": 5000}}),
+     "Degraded", "SparkStuck"),
+    ("spark stage running its batches", pipeline(extra_status={"processing": PROCESSING_STATUS}), "Healthy", "Running"),
     # Progressing only while a change is under way: records of work that is over, or of
     # transactions open for less than the threshold, leave the pipeline Healthy.
     ("transaction open, under the threshold",

@@ -59,6 +59,8 @@ def run(p: Pass) -> Condition:
         out.stalled = verdict.stalled
     if verdict.resubmit:
         _delete(plane.api, name, ns)
+    if verdict.state == "RUNNING":  # what the driver says of its query (status.processing)
+        return stage_progress.observe(p, drivers, verdict.condition)
     return verdict.condition
 
 

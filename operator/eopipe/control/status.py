@@ -19,7 +19,7 @@ READY, RECONCILING, STALLED = "Ready", "Reconciling", "Stalled"
 # Reasons of a stage that failed (as opposed to one on its way): the pipeline is Degraded, and
 # argocd/health.lua keeps the same list.
 FAILURE_REASONS = frozenset({"KafkaUnavailable", "SparkFailed", "SparkOperatorMissing", "ApplyFailed",
-                             "AdoptedTopicMismatch", "HangingTransaction", "LagGrowing",
+                             "AdoptedTopicMismatch", "HangingTransaction", "LagGrowing", "SparkStuck",
                              "PolicyDenied"})  # the spec asks for what the tenant policy refuses
 
 
@@ -163,6 +163,53 @@ def lag_alert(since_ms: int | None, lag: int | None, now_ms: int, threshold: int
     if lag is not None:
         since_ms = (since_ms if since_ms is not None else now_ms) if lag > threshold else None
     return since_ms, since_ms is not None and now_ms - since_ms >= window_ms
+
+
+# The Spark stage is stuck when it has had no batch for this many triggers (at least
+# STUCK_MIN_MS: a garbage collection or a slow first batch is not yet stuck) while the deduped
+# topic holds records it has not read. A query with nothing to read runs no batch, rightly.
+STUCK_TRIGGERS = 10
+STUCK_MIN_MS = 60_000
+
+
+def spark_lag(progress, topic: str, ends: dict[int, int] | None) -> int | None:
+    """Records of `topic` the Spark stage has not read: per partition its end (the last stable
+    offset, what a read_committed reader can reach, transaction markers included, as in Spark's
+    own offsets) minus the offset the last batch read up to; a partition the batch does not name
+    counts from 0 (Spark reads a partition new to the query from its start). None without ends."""
+    if ends is None:
+        return None
+    read = progress.end_offsets.get(topic, {}) if progress is not None else {}
+    return sum(max(0, end - read.get(p, 0)) for p, end in ends.items())
+
+
+def spark_processing(progress, error: str | None, topic: str, ends: dict[int, int] | None,
+                     trigger_ms: int | None, now_ms: int,
+                     previous: dict | None) -> tuple[dict, Condition | None]:
+    """status.processing from the driver's /progress (a core.sparkprogress.SparkProgress) and the
+    deduped topic's ends, and the ProcessingReady condition that replaces the stage's own when
+    the stage is stuck (else None). Without a progress (`error` says why) the last figures stay,
+    with the error, and no verdict is made on them."""
+    if progress is None:
+        return {**(previous or {}), "error": error or "no progress"}, None
+    lag = spark_lag(progress, topic, ends)
+    out = {"lastBatchId": progress.batch_id,
+           "lastBatchTime": rfc3339(progress.batch_time_ms) if progress.batch_time_ms is not None else None,
+           "batchDurationMs": progress.batch_duration_ms,
+           "inputRowsPerSecond": progress.input_rows_per_second,
+           "processedRowsPerSecond": progress.processed_rows_per_second,
+           "lagRecords": lag, "stateRows": progress.state_rows, "stateBytes": progress.state_bytes}
+    out = {k: v for k, v in out.items() if v is not None}
+    if trigger_ms is None or not lag:  # availableNow runs once; nothing to read is no reason to run
+        return out, None
+    since = max(progress.batch_time_ms or 0, progress.started_at_ms)
+    quiet, limit = now_ms - since, max(STUCK_TRIGGERS * trigger_ms, STUCK_MIN_MS)
+    if quiet <= limit:
+        return out, None
+    last = f"batch {progress.batch_id}" if progress.batch_id is not None else "none since the query started"
+    return out, Condition(PROCESSING, False, "SparkStuck",
+                          f"no Spark batch for {quiet // 1000}s (last: {last}; the trigger is {trigger_ms}ms) "
+                          f"while {lag} records wait in {topic}: see the driver's log")
 
 
 def effective_window_seconds(pods) -> float | None:

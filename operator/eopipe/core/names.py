@@ -21,6 +21,10 @@ LABEL_PIPELINE = "eopipe.dev/pipeline"
 
 # The dedup pods' HTTP port (/status, /metrics, the state transfers).
 DEDUP_HTTP_PORT = 8080
+# The Spark driver's progress endpoint (spark_app/progress.py serves GET /progress there; the
+# operator reads it into status.processing). Clear of Spark's own driver ports (4040 UI, 7078-7079).
+SPARK_PROGRESS_PORT = 4045
+SPARK_PROGRESS_PATH = "/progress"
 # The record counts a dedup pod reports (/status `counts`, status.dedupStats).
 COUNT_KINDS = ("consumed", "emitted", "duplicates", "deadLettered")
 # The Kubeflow Spark Operator's SparkApplication resource, which the Spark stage applies.

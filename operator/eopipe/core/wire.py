@@ -236,15 +236,36 @@ def read_capped(stream, limit: int, deadline: float) -> bytes:
     return b"".join(parts)
 
 
-def status_from_body(body: bytes) -> PodStatus:
-    """ValueError if `body` is not a /status (not JSON, not an object, nested beyond reason)."""
+def json_object(body: bytes) -> dict:
+    """ValueError if `body` is not one JSON object (or is nested beyond reason)."""
     try:
         doc = json.loads(body)
     except RecursionError:
         raise ValueError("JSON nested too deep") from None
     if not isinstance(doc, dict):
         raise ValueError("not a JSON object")
-    return PodStatus.from_json(doc)
+    return doc
+
+
+def get_capped(url: str, timeout: float, limit: int, within: float) -> bytes:
+    """The body of GET url, at most `limit` bytes read `within` seconds; ValueError for a body
+    announced or found longer, cut short of its Content-Length or read too slowly (OSError and
+    HTTPException as urllib raises them)."""
+    deadline = time.monotonic() + within
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        announced = r.headers.get("Content-Length")
+        if announced is not None and (not announced.isascii() or not announced.strip().isdigit()
+                                      or int(announced) > limit):
+            raise ValueError(f"Content-Length {announced[:20]!r} is not a length up to {limit}")
+        body = read_capped(r, limit, deadline)
+        if announced is not None and len(body) != int(announced):
+            raise ValueError("body cut short of its Content-Length")
+        return body
+
+
+def status_from_body(body: bytes) -> PodStatus:
+    """ValueError if `body` is not a /status (not JSON, not an object, nested beyond reason)."""
+    return PodStatus.from_json(json_object(body))
 
 
 def read_status(url: str, timeout: float, *, limit: int = STATUS_MAX_BYTES,
@@ -252,16 +273,7 @@ def read_status(url: str, timeout: float, *, limit: int = STATUS_MAX_BYTES,
     """GET url (a pod's /status); None if the pod does not answer it readably: unreachable, an
     HTTP error, malformed HTTP, a body over `limit` or not read `within` seconds, not a /status.
     The rebalance treats such a pod as not answering."""
-    deadline = time.monotonic() + within
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            announced = r.headers.get("Content-Length")
-            if announced is not None and (not announced.isascii() or not announced.strip().isdigit()
-                                          or int(announced) > limit):
-                return None
-            body = read_capped(r, limit, deadline)
-            if announced is not None and len(body) != int(announced):  # cut short: not the whole /status
-                return None
-            return status_from_body(body)
+        return status_from_body(get_capped(url, timeout, limit, within))
     except (OSError, ValueError, http.client.HTTPException):  # ValidationError is a ValueError
         return None

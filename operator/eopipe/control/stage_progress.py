@@ -1,0 +1,96 @@
+"""The running Spark stage's progress, read each pass: the driver's GET /progress
+(core/sparkprogress.py) and the deduped topic's ends (the pass's admin client) become
+status.processing (control/status.spark_processing, the pure part) and the operator's
+eopipe_operator_spark_* gauges. A driver or broker that does not answer is reported in
+status.processing.error, never raised into the pass."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import KafkaException
+from prometheus_client import Gauge
+
+from eopipe.control.passctx import Pass
+from eopipe.control.status import Condition, spark_processing
+from eopipe.core.durations import duration_ms
+from eopipe.core.names import SPARK_PROGRESS_PATH, SPARK_PROGRESS_PORT
+from eopipe.core.sparkprogress import read_progress
+
+_LABELS = ["namespace", "name"]
+GAUGES = {
+    "lastBatchTime": Gauge("eopipe_operator_spark_last_batch_timestamp_seconds",
+                           "when the Spark stage's last micro-batch ended", _LABELS),
+    "batchDurationMs": Gauge("eopipe_operator_spark_batch_duration_seconds",
+                             "how long the Spark stage's last micro-batch took", _LABELS),
+    "trigger": Gauge("eopipe_operator_spark_trigger_seconds", "the Spark stage's trigger interval", _LABELS),
+    "inputRowsPerSecond": Gauge("eopipe_operator_spark_input_rows_per_second",
+                                "rows/s arriving in the last micro-batch, as Spark reports it", _LABELS),
+    "processedRowsPerSecond": Gauge("eopipe_operator_spark_processed_rows_per_second",
+                                    "rows/s the last micro-batch processed, as Spark reports it", _LABELS),
+    "lagRecords": Gauge("eopipe_operator_spark_lag_records",
+                        "records of the deduped topic the Spark stage has not read (status.processing.lagRecords)",
+                        _LABELS),
+    "stateRows": Gauge("eopipe_operator_spark_state_rows", "rows in the Spark query's state", _LABELS),
+    "stateBytes": Gauge("eopipe_operator_spark_state_bytes", "memory the Spark query's state uses", _LABELS),
+}
+
+
+def driver_url(drivers) -> str | None:
+    """The /progress of the running driver pod (the newest, while a replaced one terminates)."""
+    running = [d for d in drivers if d.status is not None and d.status.phase == "Running" and d.status.pod_ip]
+    if not running:
+        return None
+    pod = max(running, key=lambda d: d.metadata.creation_timestamp or 0)
+    return f"http://{pod.status.pod_ip}:{SPARK_PROGRESS_PORT}{SPARK_PROGRESS_PATH}"
+
+
+def trigger_ms(trigger: str) -> int | None:
+    try:
+        return duration_ms(trigger)
+    except ValueError:
+        return None  # availableNow: one run, no cadence
+
+
+def observe(p: Pass, drivers, condition: Condition) -> Condition:
+    """status.processing of the running stage; the condition `condition`, or SparkStuck."""
+    names = p.names
+    url = driver_url(drivers)
+    progress, error = read_progress(url) if url else (None, "no running driver pod with an IP")
+    ends = None
+    if progress is not None:
+        try:
+            ends = {q: lso for q, (lso, _hwm) in p.plane.observer.stable_offsets(p.admin, names.deduped_topic).items()}
+        except KafkaException as e:
+            error = f"deduped topic's offsets: {e}"
+    trigger = trigger_ms(names.spec.processing.trigger)
+    record, stuck = spark_processing(progress, error, names.deduped_topic, ends, trigger,
+                                     int(time.time() * 1000), p.status.get("processing"))
+    if progress is not None and error is not None:
+        record["error"] = error
+    p.out.fields["processing"] = record
+    _export(p.meta["namespace"], p.meta["name"], progress, record, trigger)
+    return stuck if stuck is not None and condition.status else condition
+
+
+def _export(namespace: str, name: str, progress, record: dict, trigger: int | None) -> None:
+    if progress is None:
+        return  # the series keep their last values
+
+    def seconds(ms: int | None) -> float | None:
+        return None if ms is None else ms / 1000
+
+    values = {**record, "lastBatchTime": seconds(progress.batch_time_ms),
+              "batchDurationMs": seconds(progress.batch_duration_ms), "trigger": seconds(trigger)}
+    for key, gauge in GAUGES.items():
+        if isinstance(values.get(key), (int, float)):
+            gauge.labels(namespace, name).set(values[key])
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drops a deleted pipeline's series."""
+    for gauge in GAUGES.values():
+        try:
+            gauge.remove(namespace, name)
+        except KeyError:
+            pass

@@ -1,0 +1,57 @@
+"""What the Spark driver says of its streaming query: the document spark_app/progress.py serves
+at GET /progress (core.names.SPARK_PROGRESS_PORT), read by the operator into status.processing.
+
+spark_app runs in the Spark image without eopipe installed, so the two sides share the keys,
+not an import; tests/unit/test_spark_progress.py checks that what the driver writes parses here.
+As with the dedup pods' /status (core/wire.py), the reader is strict and bounded: at most
+PROGRESS_MAX_BYTES within PROGRESS_READ_SECONDS, and a driver answering anything else is
+reported as unreadable, never raised into the operator.
+"""
+
+from __future__ import annotations
+
+import http.client
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from eopipe.core.wire import get_capped, json_object
+
+# A document is a few hundred bytes plus one offset per source partition: 64 KiB is thousands.
+PROGRESS_MAX_BYTES = 64 << 10
+PROGRESS_READ_SECONDS = 2.0
+
+
+class SparkProgress(BaseModel):
+    """The latest finished micro-batch of the driver's query (batch fields None before the first)."""
+    model_config = ConfigDict(extra="ignore", alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+    query_id: str | None = None
+    run_id: str | None = None
+    started_at_ms: int = Field(ge=0)              # when this run of the query started
+    batch_id: int | None = Field(None, ge=0)
+    batch_time_ms: int | None = Field(None, ge=0)  # when the batch ended (its start + its duration)
+    batch_duration_ms: int | None = Field(None, ge=0)
+    num_input_rows: int | None = Field(None, ge=0)
+    input_rows_per_second: float | None = Field(None, ge=0)
+    processed_rows_per_second: float | None = Field(None, ge=0)
+    state_rows: int | None = Field(None, ge=0)     # summed over the stateful operators
+    state_bytes: int | None = Field(None, ge=0)
+    # topic -> partition -> the offset the batch read up to (exclusive), Spark's endOffset.
+    end_offsets: dict[str, dict[int, int]] = Field(default_factory=dict)
+
+
+def progress_from_body(body: bytes) -> SparkProgress:
+    """ValueError if `body` is not a /progress document (ValidationError is one)."""
+    return SparkProgress.model_validate(json_object(body))
+
+
+def read_progress(url: str, *, limit: int = PROGRESS_MAX_BYTES,
+                  within: float = PROGRESS_READ_SECONDS) -> tuple[SparkProgress | None, str | None]:
+    """GET url: (the progress, None), or (None, why it could not be read) for an unreachable
+    driver, an HTTP error, a body over `limit` or not read `within` seconds, or not a /progress."""
+    try:
+        return progress_from_body(get_capped(url, within, limit, within)), None
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        text = str(e).splitlines()[0][:200] if str(e) else ""
+        return None, f"{type(e).__name__}: {text}" if text else type(e).__name__
