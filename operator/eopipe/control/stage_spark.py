@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from eopipe.control import sparkstage, sparkstatus, sparkwrites
+from eopipe.control import sparkstage, sparkstatus, sparkwrites, stage_progress
 from eopipe.control.builders import checkpoint
 from eopipe.control.builders.pipeline import processing_objects
 from eopipe.control.ownership import CONFLICT, ObjectConflict, decide
