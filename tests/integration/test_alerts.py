@@ -24,7 +24,8 @@ from tests.helpers.helm import CHART, run_helm
 ALERTS_TEST = CHART / "alerts-test.yaml"
 ENABLED = ["--set", "prometheusRule.enabled=true", "--set", "serviceMonitor.enabled=true"]
 ALERTS = ["EopipeOperatorDown", "EopipePipelineNotReady", "EopipeReconcileErrors", "EopipeDedupLagGrowing",
-          "EopipeEffectiveWindowShort", "EopipeDeadLetters", "EopipeTransactionAborts"]
+          "EopipeEffectiveWindowShort", "EopipeDeadLetters", "EopipeTransactionAborts",
+          "EopipeSparkBatchSlow", "EopipeSparkLagGrowing", "EopipeSparkNoBatch"]
 
 
 def rendered(tools, helm_env, *values: str, template: str = "prometheusrule.yaml") -> list[dict]:
@@ -81,6 +82,10 @@ BROKEN = [
      "< on () group_left () max(eopipe_dedup_window_seconds) * 0.9"),
     ("EopipeDeadLetters", "eopipe_dedup_dead_lettered_total", "eopipe_dedup_dead_lettered"),
     ("EopipeTransactionAborts", "sum by (namespace, pipeline, pod) (rate(", "max by (namespace, pipeline, pod) (rate("),
+    ("EopipeSparkBatchSlow", "> max by (namespace, name) (eopipe_operator_spark_trigger", "> 2 * max by (namespace, name) (eopipe_operator_spark_trigger"),
+    ("EopipeSparkLagGrowing", "[15m:]) > 0", "[15m:]) >= 0"),
+    # Without the floor, a 1 s trigger would page after 10 s without a batch.
+    ("EopipeSparkNoBatch", "(eopipe_operator_spark_trigger_seconds), 60)", "(eopipe_operator_spark_trigger_seconds), 0)"),
 ]
 
 
@@ -108,6 +113,11 @@ TUNABLES = [
     ("deadLetters.range=10m", "EopipeDeadLetters", "expr", "[10m]"),
     ("transactionAborts.perSecond=0.3", "EopipeTransactionAborts", "expr", "> 0.3"),
     ("transactionAborts.for=5m", "EopipeTransactionAborts", "for", "5m"),
+    ("sparkBatchSlow.for=20m", "EopipeSparkBatchSlow", "for", "20m"),
+    ("sparkLag.records=400000", "EopipeSparkLagGrowing", "expr", "> 400000\n"),
+    ("sparkLag.for=5m", "EopipeSparkLagGrowing", "for", "5m"),
+    ("sparkNoBatch.triggers=20", "EopipeSparkNoBatch", "expr", "clamp_min(20 *"),
+    ("sparkNoBatch.for=15m", "EopipeSparkNoBatch", "for", "15m"),
 ]
 
 

@@ -52,6 +52,7 @@ def run(p: Pass) -> Condition:
         app = plane.applier.apply(application, owner, create_only=app is None)
     if plan.condition is not None:
         out.fields["sparkApplicationState"] = None  # no application of this spec runs
+        stage_progress.forget(ns, p.meta["name"])  # paused: no stale figures for the alerts
         return plan.condition
     verdict = sparkstatus.judge(app, sparkstatus.driver_exits(drivers))
     out.fields["sparkApplicationState"] = verdict.state
