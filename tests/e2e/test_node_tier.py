@@ -322,32 +322,54 @@ def _start_spark_example(ns: str, name: str, example: str) -> None:
     wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor",
                                       "-o", "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
     log(f"kubectl get pods,pvc -o wide\n{kubectl('-n', ns, 'get', 'pods,pvc', '-o', 'wide')}")
+    _submitted_once(ns, name)
     _spark_pods_keep_the_spec(ns, name)
 
 
 def _spark_pods_keep_the_spec(ns: str, name: str) -> None:
-    """What the SparkApplication asks of its pods is on the pods the Kubeflow Spark Operator and
-    Spark made: the checkpoint claim mounted in the driver (and in the executors when the claim
-    is ReadWriteMany), the restricted security contexts, the operator's Kafka env. A dropped
-    checkpoint volume would make a replaced driver replay and duplicate."""
+    """What the SparkApplication's pod templates ask of its pods is on the pods the Kubeflow Spark
+    Operator and Spark made, with the operator's webhook on or off: the checkpoint claim mounted
+    in the driver (and in the executors when the claim is ReadWriteMany), once, the restricted
+    security contexts, the operator's Kafka env. A dropped checkpoint volume would make a
+    replaced driver replay and duplicate."""
     app = kubectl_json("-n", ns, "get", "sparkapplication", f"{name}-spark")["spec"]
-    claim = next(v["persistentVolumeClaim"]["claimName"] for v in app["volumes"])
+    claim = next(v["persistentVolumeClaim"]["claimName"] for v in app["driver"]["template"]["spec"]["volumes"])
     for role in ("driver", "executor"):
-        want = app[role]
-        for pod in kubectl_json("-n", ns, "get", "pods", "-l", f"spark-role={role}")["items"]:
+        want = app[role]["template"]["spec"]
+        want_c = want["containers"][0]
+        pods = kubectl_json("-n", ns, "get", "pods", "-l", f"spark-role={role}")["items"]
+        assert pods, role
+        for pod in pods:
             spec = pod["spec"]
-            c = next(c for c in spec["containers"] if c["name"] == f"spark-kubernetes-{role}")
+            c = next(c for c in spec["containers"] if c["name"] == want_c["name"])
+            names = [v["name"] for v in spec.get("volumes") or []]
+            assert len(names) == len(set(names)), (role, names)  # nothing added twice
             vols = {v["name"]: v for v in spec.get("volumes") or []}
-            for m in want.get("volumeMounts") or []:
+            for m in want_c.get("volumeMounts") or []:
                 assert vols.get(m["name"], {}).get("persistentVolumeClaim", {}).get("claimName") == claim, (role, vols)
                 assert {"name": m["name"], "mountPath": m["mountPath"]}.items() <= next(
                     x for x in c.get("volumeMounts") or [] if x["name"] == m["name"]).items(), c.get("volumeMounts")
-            assert want["podSecurityContext"].items() <= (spec.get("securityContext") or {}).items(), (role, spec)
-            assert want["securityContext"].items() <= (c.get("securityContext") or {}).items(), (role, c)
+            assert want["securityContext"].items() <= (spec.get("securityContext") or {}).items(), (role, spec)
+            assert want_c["securityContext"].items() <= (c.get("securityContext") or {}).items(), (role, c)
             env = {e["name"] for e in c.get("env") or []}
-            assert {e["name"] for e in want.get("env") or []} <= env, (role, sorted(env))
+            assert {e["name"] for e in want_c.get("env") or []} <= env, (role, sorted(env))
     log(f"{name}: the driver and executor pods carry the checkpoint claim {claim}, the restricted "
-        "security contexts and the env the SparkApplication asks for")
+        "security contexts and the env the SparkApplication's pod templates ask for")
+
+
+def _submitted_once(ns: str, name: str) -> None:
+    """The Spark Operator submitted the new application once: one submission attempt, one
+    SparkApplicationSubmitted event and no SparkApplicationSubmissionFailed (a write by eopipe
+    between its read and its status write made v2.5.2 submit again and fail on the existing
+    driver pod: control/sparkwrites.py)."""
+    st = _spark_app(ns, f"{name}-spark")
+    events = kubectl_json("-n", ns, "get", "events", "--field-selector",
+                          f"involvedObject.kind=SparkApplication,involvedObject.name={name}-spark")["items"]
+    reasons = Counter(e["reason"] for e in events for _ in range(e.get("count") or 1))
+    log(f"{name}-spark: submissionAttempts {st.get('submissionAttempts')}, executionAttempts "
+        f"{st.get('executionAttempts')}, events {dict(reasons)}")
+    assert (st.get("submissionAttempts"), st.get("executionAttempts")) == (1, 1), st
+    assert reasons["SparkApplicationSubmitted"] == 1 and not reasons["SparkApplicationSubmissionFailed"], reasons
 
 
 def _wait_resubmitted(ns: str, name: str) -> None:
@@ -369,6 +391,7 @@ def test_spark_stage_on_pods_exactly_once(node_tier):
     deleted (resubmitted from its checkpoint, restartPolicy OnFailure) and a dedup pod
     force-deleted; then verify the dedup stage and end to end, source -> Spark's Kafka sink."""
     ns, name = "payments", "payments"
+    _install_operator_if_absent(node_tier)
     _start_spark_example(ns, name, "payments.yaml")
 
     load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", "payments",
@@ -444,6 +467,45 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
         f"{sum(n > 1 for n in counts.values())} twice, {len(set(sent['expected']) - set(counts))} missing")
     assert all(r[1] is not None and r[2] for r in rows), rows[:3]
     assert set(counts) == set(sent["expected"]) and max(counts.values()) == 1
+    kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s")  # the cores to the next test
+    wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
+
+
+def _spark_webhook(enable: bool) -> None:
+    """`helm upgrade` of the Spark Operator's release with its webhook on or off, its other values
+    as `make cluster` installed them (localenv/node/cluster.py)."""
+    from localenv.node import STATE_DIR
+    from localenv.node.cluster import SPARK_OPERATOR_CONF
+    from localenv.node.sparkoperator import helm_install_argv
+
+    conf = json.loads(SPARK_OPERATOR_CONF.read_text())
+    values = json.loads((STATE_DIR / "spark-operator-values.json").read_text())
+    values["webhook"]["enable"] = enable
+    path = STATE_DIR / "spark-operator-values-test.json"
+    path.write_text(json.dumps(values))
+    t = time.monotonic()
+    res = nodetier.run(in_tier(*helm_install_argv(conf["helm"], nodetier.KUBECONFIG, Path(conf["chart"]), path)),
+                       timeout=330)
+    assert res.returncode == 0, res.stdout + res.stderr
+    hooks = kubectl("get", "mutatingwebhookconfigurations", "-o", "name")
+    assert ("spark-operator" in hooks) is enable, hooks
+    log(f"Spark Operator webhook {'on' if enable else 'off'} (helm upgrade, {time.monotonic() - t:.0f}s)")
+
+
+def test_spark_pods_keep_the_spec_with_the_webhook_off(node_tier):
+    """With the Spark Operator's webhook off (`webhook.enable=false`), examples/payments.yaml's
+    driver and executor pods still carry the checkpoint claim, the restricted security contexts
+    and the env: eopipe puts them in the pod templates, which Spark applies itself."""
+    ns, name = "payments-nowebhook", "payments"
+    _install_operator_if_absent(node_tier)
+    _spark_webhook(False)
+    try:
+        _start_spark_example(ns, name, "payments.yaml")
+        kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s")
+        wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120,
+             "the Spark pods gone")
+    finally:
+        _spark_webhook(True)
 
 
 def _read_parquet_in_a_pod(image: str, ns: str, claim: str, example: dict) -> list[list]:
@@ -637,7 +699,7 @@ def _listener_connections() -> list[str]:
 
 
 def _install_operator_if_absent(node_tier) -> None:
-    """The operator as test_pipeline_exactly_once_on_the_kubelet installs it, when this test runs alone."""
+    """The operator as test_pipeline_exactly_once_on_the_kubelet installs it, when a test runs without it."""
     if kubectl("-n", "eopipe-system", "get", "deployment", "eopipe", "-o", "name", check=False).strip():
         return
     (repo, tag), (spark_repo, spark_tag) = node_tier["app"].rsplit(":", 1), node_tier["spark"].rsplit(":", 1)
@@ -645,7 +707,7 @@ def _install_operator_if_absent(node_tier) -> None:
          "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
          "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
          "--wait", "--timeout", "180s")
-    log("hostile tenant: installed the operator (helm install, as test_pipeline_exactly_once_on_the_kubelet)")
+    log("installed the operator (helm install, as test_pipeline_exactly_once_on_the_kubelet)")
 
 
 def _status_line(r: dict) -> str:

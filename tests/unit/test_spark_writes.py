@@ -25,6 +25,7 @@ def _live(state=None, **spec_changes):
     (_live(driver={"memory": "1g", "env": []}), WANT, True),          # a list differs
     (_live(driver={"memory": "1g", "env": [{"name": "A", "value": "1"}, {"name": "B"}]}), WANT, True),
     ({**_live(), "metadata": {"name": "p-spark", "labels": {}}}, WANT, True),  # a label is missing
+    ({**_live(), "status": {"applicationState": {"state": ""}}}, WANT, False),  # v2.5.2's NEW
     (_live("SUBMITTED"), WANT, True),                                 # submitted: applies as usual
     (_live("SUBMISSION_FAILED"), WANT, True),
     (_live("RUNNING", image="old"), WANT, True),

@@ -14,7 +14,7 @@ import json
 
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import NotFoundError, ResourceNotFoundError
+from kubernetes.dynamic.exceptions import NotFoundError
 
 from eopipe.control import ownership
 
@@ -120,10 +120,3 @@ class Applier:
             return self._resource(api_version, kind).get(name=name, namespace=namespace).to_dict()
         except NotFoundError:
             return None
-
-    def kind_available(self, api_version: str, kind: str) -> bool:
-        try:
-            self._resource(api_version, kind)
-            return True
-        except ResourceNotFoundError:
-            return False

@@ -67,6 +67,9 @@ API_ACCESS = (
     Access(SPARK_GROUP, SPARK_PLURAL, APPLY, WATCHED, "the processing stage"),
     Access(SPARK_GROUP, SPARK_PLURAL, ("delete",), WATCHED,
            "spec.paused stops the Spark application (control/sparkstage.py)"),
+    Access("apiextensions.k8s.io", "customresourcedefinitions", ("list",), CLUSTER,
+           "the SparkApplication CRD, listed by name: is the Spark Operator one eopipe runs on "
+           "(control/sparkcrd.py); Kopf's grant"),
     Access("coordination.k8s.io", "leases", ("get", "create", "update"), OWN,
            "leader election (control/leader.py)"),
 )

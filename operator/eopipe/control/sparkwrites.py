@@ -25,7 +25,8 @@ def _contains(live, want) -> bool:
 
 def write_now(live: dict | None, desired: dict) -> bool:
     """Whether to apply `desired` (the built SparkApplication) to `live` (as read; None: missing)."""
-    if live is None or (live.get("status") or {}).get("applicationState"):
+    # v2.5.2's state of a new application is "" (ApplicationStateNew): not yet submitted.
+    if live is None or (((live.get("status") or {}).get("applicationState") or {}).get("state")):
         return True
     labels = (desired.get("metadata") or {}).get("labels") or {}
     return not (_contains(live.get("spec"), desired.get("spec") or {})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from eopipe.control import sparkstage, sparkstatus, sparkwrites, stage_progress
+from eopipe.control import sparkcrd, sparkstage, sparkstatus, sparkwrites, stage_progress
 from eopipe.control.builders import checkpoint
 from eopipe.control.builders.pipeline import processing_objects
 from eopipe.control.ownership import CONFLICT, ObjectConflict, decide
@@ -19,9 +19,8 @@ def run(p: Pass) -> Condition:
     names, out, plane, owner = p.names, p.out, p.plane, p.body
     if names.spec.processing is None:
         return Condition(PROCESSING, True, "NotConfigured", "dedup-only pipeline: no Spark stage")
-    if not plane.applier.kind_available(SPARK_API, "SparkApplication"):
-        return Condition(PROCESSING, False, "SparkOperatorMissing",
-                         f"the cluster has no {SPARK_API} SparkApplication kind; install the Kubeflow Spark Operator")
+    if (missing := sparkcrd.check(plane.api)) is not None:
+        return missing
     # The checkpoint's claim stays while paused: the SparkApplication deleted then is not its owner.
     if (pvc := checkpoint.claim(names)) is not None:  # owned (deleted with the pipeline) only with Delete
         # retainable: kept after its pipeline under Retain, and the checkpoint of a pipeline
