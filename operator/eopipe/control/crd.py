@@ -92,6 +92,11 @@ def crd() -> dict:
                      "description": "dedup pods (the StatefulSet's replicas)"},
                     {"name": "Lag", "type": "integer", "jsonPath": ".status.lag.dedup",
                      "description": "source records the dedup stage has not committed yet"},
+                    # The Spark stage as its driver reports it (status.processing); -o wide.
+                    {"name": "Batch", "type": "integer", "jsonPath": ".status.processing.lastBatchId",
+                     "priority": 1, "description": "the Spark query's last finished micro-batch"},
+                    {"name": "Spark Lag", "type": "integer", "jsonPath": ".status.processing.lagRecords",
+                     "priority": 1, "description": "deduped records the Spark stage has not read yet"},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],
                 "schema": {"openAPIV3Schema": {

@@ -130,6 +130,7 @@ convention; `kubectl wait --for=condition=Ready` and Argo CD (`argocd/health.lua
 | `effectiveWindow` | the window the dedup state really covers, as the workers report it: `spec.dedup.window`, or less after a rebuild from a source whose retention had already dropped part of it; duplicates further apart are not caught |
 | `dedupStats` | what the dedup pods report (`/status`): `stateKeys` and `stateBytes` of the RocksDB state over the running partitions; `records`, the records the pods committed since each started (`consumed`, `emitted`, `duplicates`, `deadLettered`); `perSecond`, the same per second between two samples at least 5 s apart (a restarted pod counts from zero); `sampledAtMs` and `pods`, the sample the next rates start from. The worker metrics (`eopipe_dedup_*`) have the same per partition |
 | `sparkApplicationState` | the SparkApplication's state, when there is a processing stage |
+| `processing` | what the running Spark driver reports of its query (`GET /progress` on port 4045, read each pass): `lastBatchId`, `lastBatchTime` (when it ended), `batchDurationMs`, `inputRowsPerSecond` and `processedRowsPerSecond` (Spark's own), `stateRows` and `stateBytes` (summed over the stateful operators), and `lagRecords`: per partition of the deduped topic its last stable offset minus the offset the last batch read up to, summed (the `SPARK LAG` column of `kubectl get eop -o wide`; `BATCH` is `lastBatchId`); `error` when the driver or Kafka did not answer the last pass (the figures are then the last read) |
 | `rebalance` | present while partitions move between pods or the partition count grows: `id`, `type` (`replicas` or `partitions`), `phase` (`ScalingUp`, `HandingOff`, `Pausing`, `CreatingPartitions`, `Resharding`, `Finalizing`), `fromReplicas`/`toReplicas`, `fromPartitions`/`toPartitions`, `startedAt`, `message`, `targetGeneration` and `target` (the assignment being published), and `moves`: per partition `from`, `to` and, once it runs at its new owner, `method` (`snapshot`, `rebuild`, `local`, `reshard-import`), `bytes`, `keys`, `pauseMs`. The operator resumes a rebalance from here after a restart |
 | `lastRebalance` | summary of the last finished rebalance: from/to replicas and partitions, `partitionsMoved`, `snapshot` and `rebuild` counts, `bytesMoved`, `keysMoved`, `maxPauseMs` (per handoff) or `pauseMs` (the whole re-shard pause), `rebuilt` partitions, `startedAt`, `finishedAt`, `durationSeconds` |
 
@@ -150,14 +151,19 @@ STAGE_MEANING = {
                    "`AdoptedTopicMismatch`: a topic eopipe did not create lacks what the pipeline needs "
                    "(the message gives the command that fixes it)",
     "DedupReady": "the dedup StatefulSet's pods are ready",
-    "ProcessingReady": "the SparkApplication runs (True with reason `NotConfigured` for a dedup-only pipeline)",
+    "ProcessingReady": "the SparkApplication runs (True with reason `NotConfigured` for a dedup-only pipeline); "
+                       "`SparkStuck`: no batch for 10 triggers (at least 60 s) while the deduped topic holds "
+                       "records the query has not read (`status.processing`)",
 }
 
 
 def render() -> str:
     c = crd.crd()
     version = c["spec"]["versions"][0]
-    columns = ", ".join(col["name"] for col in version["additionalPrinterColumns"])
+    cols = version["additionalPrinterColumns"]
+    columns = ", ".join(col["name"] for col in cols if not col.get("priority"))
+    wide = [col["name"] for col in cols if col.get("priority")]
+    columns += f"; `-o wide` adds {', '.join(wide)}" if wide else ""
     out = [HEADER.format(group=spec.GROUP, version=spec.VERSION, kind=spec.KIND, plural=spec.PLURAL,
                          short=", ".join(f"`{s}`" for s in c["spec"]["names"]["shortNames"]),
                          columns=columns)]
