@@ -60,7 +60,7 @@ soak: deps ## randomized faults on three brokers under duplicated load, then ver
 	EOPIPE_SOAK_DURATION=$(DURATION) EOPIPE_SOAK_SEED=$(SEED) EOPIPE_SOAK_REPORT=$(CURDIR)/.work/soak-report.json \
 		$(PY) -m pytest tests/soak -s -p no:cacheprovider
 
-demo: deps ## the main job: a pipeline end to end on the node tier (root) with duplicates and faults, then verify (DEMO_ARGS=--quick|--process-node|--break-dedup)
+demo: deps ## the main job: a pipeline end to end on the node tier (root) with duplicates and faults, then verify (DEMO_ARGS=--quick|--process-node|--on-cluster|--break-dedup)
 	$(PY) hack/demo.py $(DEMO_ARGS)
 
 bench: deps ## benchmarks side by side, one table

@@ -234,6 +234,9 @@ class Cluster:
         api = config.new_client_from_config(config_file=str(self.kubeconfig))
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
 
+    def undo(self, fn) -> None:
+        """On a cluster the demo leaves up, what it made goes at the end (last made, first gone)."""
+
     def kubectl(self, *args: str, input: str | None = None, timeout: float = 300) -> str:
         return _run([str(self.kubectl_bin), "--kubeconfig", str(self.kubeconfig), *args], input=input,
                     timeout=timeout)
@@ -245,9 +248,11 @@ class Cluster:
         say("operator", "helm install eopipe charts/eopipe (CRD, RBAC, operator Deployment)")
         self.kubectl("create", "namespace", NS)
         sets = [a for k, v in self.helm_values().items() for a in ("--set", f"{k}={v}")]
-        _run([str(helm), "install", "eopipe", str(REPO / "charts" / "eopipe"), "--kubeconfig", str(self.kubeconfig),
-              "--namespace", "eopipe-system", "--create-namespace", "--set", f"watchNamespaces={{{NS}}}", *sets,
-              "--wait", "--timeout", "240s"], env=env, timeout=300)
+        helm_argv = [str(helm), "--kubeconfig", str(self.kubeconfig), "--namespace", "eopipe-system"]
+        self.undo(lambda: self.kubectl("delete", "namespace", NS, "--timeout=180s", timeout=200))
+        self.undo(lambda: _run([*helm_argv, "uninstall", "eopipe", "--wait"], env=env))
+        _run([*helm_argv, "install", "eopipe", str(REPO / "charts" / "eopipe"), "--create-namespace",
+              "--set", f"watchNamespaces={{{NS}}}", *sets, "--wait", "--timeout", "240s"], env=env, timeout=300)
         self.kubectl("-n", "eopipe-system", "rollout", "status", "deployment/eopipe", "--timeout=120s")
         say("operator", "running as a pod under its own ServiceAccount")
 
@@ -344,7 +349,7 @@ class NodeCluster(Cluster):
     """The node tier (`make cluster`): kubelet, containerd and the project's own images in a
     network namespace, which this process joins, as kubectl and helm then do."""
 
-    def __init__(self, workdir: Path, stack: contextlib.ExitStack):
+    def __init__(self, workdir: Path, stack: contextlib.ExitStack, on_cluster: bool = False):
         from kubernetes import client, config
 
         from localenv.node import NODE_IP
@@ -352,19 +357,27 @@ class NodeCluster(Cluster):
         from localenv.node.addons import KAFKA_PORT
         from localenv.node.host import join_netns, leave_netns
 
-        self.workdir, self.kill_container = workdir, node.kill_container
-        say("kubernetes", "make cluster: control plane, containerd, kubelet, kube-proxy, CoreDNS, local-path-provisioner, "
-                          "Kafka on the node address, the Kubeflow Spark Operator; images built or from the cache")
-        stack.callback(subprocess.run, [sys.executable, "-m", "localenv.node", "down"], cwd=REPO,
-                       stdout=subprocess.DEVNULL)
-        if subprocess.run([sys.executable, "-m", "localenv.node", "up"], cwd=REPO).returncode != 0:
-            raise RuntimeError("the node tier did not start (its output is above; without root: --process-node)")
+        self.workdir, self.kill_container, self.stack, self.reused = workdir, node.kill_container, stack, on_cluster
+        if on_cluster:
+            say("kubernetes", "the node tier that `make cluster` started; the demo removes only what it makes")
+        else:
+            say("kubernetes", "make cluster: control plane, containerd, kubelet, kube-proxy, CoreDNS, "
+                              "local-path-provisioner, Kafka on the node address, the Kubeflow Spark Operator; "
+                              "images built or from the cache")
+            stack.callback(subprocess.run, [sys.executable, "-m", "localenv.node", "down"], cwd=REPO,
+                           stdout=subprocess.DEVNULL)
+            if subprocess.run([sys.executable, "-m", "localenv.node", "up"], cwd=REPO).returncode != 0:
+                raise RuntimeError("the node tier did not start (its output is above; without root: --process-node)")
         stack.callback(leave_netns, join_netns())  # back out before `down` sweeps the namespace
         self.images = json.loads(node.IMAGES.read_text())
         self.kubeconfig, self.kubectl_bin = node.KUBECONFIG, node._k8s_bin() / "kubectl"
         self.bootstrap = f"{NODE_IP}:{KAFKA_PORT}"
         api = config.new_client_from_config(config_file=str(self.kubeconfig))
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+
+    def undo(self, fn) -> None:
+        if self.reused:
+            self.stack.callback(_quietly, fn)
 
     def helm_values(self) -> dict[str, str]:
         (repo, tag), (srepo, stag) = self.images["app"].rsplit(":", 1), self.images["spark"].rsplit(":", 1)
@@ -379,7 +392,12 @@ class NodeCluster(Cluster):
         say("fault", f"{pod} Ready again in {time.monotonic() - t:.1f}s (recovered from its RocksDB state)")
 
     def kill_spark_driver(self) -> None:
-        app = self.spark_app()
+        def running():
+            app = self.spark_app()
+            st = app.get("status") or {}
+            up = st.get("applicationState", {}).get("state") == "RUNNING" and st.get("driverInfo", {}).get("podName")
+            return app if up else None
+        app = wait(running, 300, "the Spark driver RUNNING")
         attempts = app["status"].get("executionAttempts", 0)
         say("fault", f"SIGKILL the Spark driver container of {app['metadata']['name']} while it streams")
         t = time.monotonic()
@@ -402,6 +420,14 @@ def _summary(lr: dict) -> str:
             f"{lr.get('bytesMoved', 0) / 1e6:.2f} MB), longest handoff pause {lr.get('maxPauseMs', 0)} ms")
 
 
+def _quietly(fn) -> None:
+    """A teardown step: its failure is said, the rest of the teardown still runs."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001
+        say("teardown", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+
+
 def _run(cmd: list[str], input: str | None = None, env: dict | None = None, timeout: float = 300) -> str:
     res = subprocess.run(cmd, input=input, env=env, capture_output=True, text=True, timeout=timeout)
     if res.returncode != 0:
@@ -420,7 +446,7 @@ def run_full(args, stack: contextlib.ExitStack) -> int:
         kafka = start_kafka(args.workdir, stack)
         cluster, bootstrap = Cluster(args.workdir, stack), kafka.bootstrap
     else:  # the node tier has its broker on the node address, behind kafka.kafka.svc
-        kafka, cluster = None, NodeCluster(args.workdir, stack)
+        kafka, cluster = None, NodeCluster(args.workdir, stack, args.on_cluster)
         bootstrap = cluster.bootstrap
     cluster.helm_install()
 
@@ -429,6 +455,9 @@ def run_full(args, stack: contextlib.ExitStack) -> int:
         doc["spec"]["kafka"]["bootstrapServers"] = kafka.bootstrap
     say("pipeline", f"kubectl apply -f examples/payments.yaml -n {NS} "
                     f"(bootstrapServers={doc['spec']['kafka']['bootstrapServers']})")
+    # Last made, first gone: with its topics (deletionPolicy Delete) while its operator still runs.
+    cluster.undo(lambda: cluster.kubectl("delete", "-n", NS, "eop", "payments", "--timeout=180s", timeout=200))
+    cluster.undo(lambda: cluster.patch({"deletionPolicy": "Delete"}))
     cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(doc))
     t = time.monotonic()
     cluster.kubectl("wait", "-n", NS, "eop/payments", "--for=condition=Ready", "--timeout=400s", timeout=420)
@@ -467,6 +496,16 @@ def run_full(args, stack: contextlib.ExitStack) -> int:
     return code
 
 
+def _on_cluster_misuse(args) -> str | None:
+    from localenv.node import RUN_DIR
+
+    if args.quick or args.process_node:
+        return "the full demo on the node tier only (not with --quick or --process-node)"
+    if not (RUN_DIR / "ready").exists():
+        return "no node tier is up (start one with `make cluster`)"
+    return None
+
+
 def _interrupt(*_) -> None:
     raise KeyboardInterrupt
 
@@ -480,8 +519,13 @@ def main() -> int:
     ap.add_argument("--break-dedup", action="store_true", help="turn the dedup step off: the verdict must fail")
     ap.add_argument("--process-node", action="store_true",
                     help="the full demo on the node agent (pods as processes) instead of the node tier")
+    ap.add_argument("--on-cluster", action="store_true",
+                    help="on the node tier `make cluster` started: leave it up, remove only what the demo made")
     ap.add_argument("--workdir", type=Path, default=REPO / ".work" / "demo", help="logs and data (default .work/demo)")
     args = ap.parse_args()
+    if args.on_cluster and (misuse := _on_cluster_misuse(args)):
+        print(f"hack/demo.py: --on-cluster: {misuse}", file=sys.stderr)
+        return 2
     args.records = args.records or (20_000 if args.quick else 40_000)
     args.rate = args.rate or (2_000 if args.quick else 300)
 
@@ -498,6 +542,7 @@ def main() -> int:
         except KeyboardInterrupt:
             say("interrupted", "tearing down")
             code = 130
+
         except Exception as e:  # noqa: BLE001 - one clear line, then the teardown
             say("error", f"{type(e).__name__}: {e}")
             code = 2

@@ -1,7 +1,8 @@
 """`make demo` (hack/demo.py) run as a user runs it: its verdict, its teardown, the full pipeline.
 
-The quick demo starts its own Kafka on free ports, next to the suite's; the full one starts the
-node tier (one per machine, as `make cluster`). Each test gives it its own workdir.
+The quick demo starts its own Kafka on free ports, next to the suite's; the full one runs on the
+run's node tier (tests/e2e/conftest.py), as `make demo DEMO_ARGS=--on-cluster` after `make
+cluster`. Each test gives it its own workdir.
 """
 
 from __future__ import annotations
@@ -106,22 +107,26 @@ def test_ctrl_c_tears_everything_down(tmp_path):
 @pytest.mark.skipif(os.environ.get("EOPIPE_NODE_TESTS") != "1",
                     reason="node tier: run by `make test` / `make test-node` (EOPIPE_NODE_TESTS=1)")
 @pytest.mark.skipif(os.geteuid() != 0, reason="the node tier needs root")
-def test_make_demo_end_to_end(tmp_path):
-    """`make demo` itself (smaller load), on the node tier as by default: chart-installed
-    operator, payments example as written, the faults, both verifications exact, exit 0, and
-    the tier gone afterwards."""
-    from localenv.node.host import leftovers as tier_leftovers
+def test_make_demo_end_to_end(tmp_path, node_tier):
+    """`make demo` itself (smaller load) on the run's node tier (`--on-cluster`, as after
+    `make cluster`): chart-installed operator, payments example as written, the faults, both
+    verifications exact, exit 0; then nothing of the demo left on the cluster (its release,
+    namespace and topics), the tier itself left up for the next test."""
+    from tests.helpers.nodetier import kubectl, topics
 
-    code, out = run_demo(tmp_path, "--records", "20000", timeout=1800)
+    code, out = run_demo(tmp_path, "--on-cluster", "--records", "20000", timeout=1800)
     assert code == 0, out[-6000:]
     lines = verify_lines(out)
     assert set(lines) == {"dedup stage (source -> deduped)", "end to end (source -> Spark sink)"}, out[-3000:]
     for unique, n_out, lost, dups, verdict in lines.values():
         assert (lost, dups, verdict) == (0, 0, "OK") and n_out == unique > 15_000, out[-3000:]
-    for step in ("make cluster", "helm install eopipe", "Ready again", "driver resubmitted", "autoscaling on",
+    for step in ("helm install eopipe", "Ready again", "driver resubmitted", "autoscaling on",
                  "Autoscaled event: dedup replicas 2 -> 3", "replicas 2 -> 3: 2 partitions moved", "keys (", "re-sharded"):
         assert step in out, (step, out[-3000:])
     table = [ln.split() for ln in out.splitlines() if ln.startswith("payments ")]
     assert table and table[-1][:5] == ["payments", "Running", "True", "12", "3"], table
+    assert not re.search(r"teardown: \w+(Error|Exception)", out), out[-2000:]  # each undo step worked
     assert not leftovers(tmp_path / "demo")
-    assert not any(tier_leftovers().values())
+    assert "demo" not in kubectl("get", "namespaces", "-o", "name", check=False).split("namespace/")
+    assert not kubectl("get", "deployments", "-n", "eopipe-system", "-o", "name", check=False).strip()
+    assert not {"payments", "payments-enriched"} & topics(), topics()
