@@ -7,6 +7,7 @@ Spark is heavy on a 2-core machine: every test here runs at most one driver at a
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -17,10 +18,12 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from eopipe.control.status import spark_lag, spark_processing
 from eopipe.core.keys import KeySpec
+from eopipe.core.sparkprogress import read_progress
 from eopipe.tools.loadgen import run_load
 from eopipe.tools.verify import TopicReader, verify
-from spark_app import sink_kafka
+from spark_app import progress, sink_kafka
 from tests.helpers.pipelines import example_names
 from tests.helpers.sparkfiles import checkpoint_offsets, end_offsets, latest_batch, read_files_with_spark
 
@@ -51,6 +54,37 @@ class Topics:
                "sink": {"kind": "kafka", "topic": self.sink, "commit_topic": self.commits}}
         doc.update(over)
         return doc
+
+
+def _stable_ends(bootstrap: str, topic: str) -> dict[int, int]:
+    """Per partition the last stable offset, as the operator reads it for status.processing."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "isolation.level": "read_committed"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)[1] for p in parts}
+    finally:
+        c.close()
+
+
+def _progress_url(d) -> str:
+    """The driver's /progress, on the port it printed (EOPIPE_PROGRESS_PORT=0: a free one)."""
+    deadline = time.monotonic() + 30
+    while not (m := re.search(re.escape(progress.PORT_LINE) + r" port=(\d+)", d.log_text())):
+        assert time.monotonic() < deadline, d.tail(40)
+        time.sleep(0.2)
+    return f"http://127.0.0.1:{m.group(1)}{progress.PATH}"
+
+
+def _progress_until(url: str, t: Topics, done, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while True:
+        p, err = read_progress(url)
+        assert err is None, err
+        lag = spark_lag(p, t.source, _stable_ends(t.bootstrap, t.source))
+        if done(p, lag):
+            return p
+        assert time.monotonic() < deadline, f"{p} lag={lag}"
+        time.sleep(0.5)
 
 
 def _open_transaction(bootstrap: str, topic: str) -> bool:
@@ -222,7 +256,8 @@ def test_sql_and_python_transform_to_kafka_exactly_once(kafka_bootstrap, spark_d
     stats = run_load(kafka_bootstrap, t.source, 1500, dup_ratio=0.0, poison=4, seed=21)
     sql = ("SELECT key, id, seq, account, upper(currency) AS currency, amount_cents, "
            "partition AS src_partition FROM events WHERE id IS NOT NULL")
-    d = spark_driver(t.config(tmp_path, sql=sql, transform="spark_app.examples:amount_in_major_units"))
+    d = spark_driver(t.config(tmp_path, sql=sql, transform="spark_app.examples:amount_in_major_units"),
+                     EOPIPE_PROGRESS_PORT="0")
     d.wait_running()
     _wait_for_output(kafka_bootstrap, t.sink, stats["unique"], timeout=120)
     rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, order=False, settle=3, timeout=120)
@@ -233,6 +268,17 @@ def test_sql_and_python_transform_to_kafka_exactly_once(kafka_bootstrap, spark_d
         assert m.key().decode() == v["id"]
         assert v["currency"] in ("EUR", "USD", "GBP") and v["amount"] == round(v["amount_cents"] / 100, 2)
         assert set(v) == {"id", "seq", "account", "currency", "amount_cents", "src_partition", "amount"}
+    # The driver's GET /progress, as the operator reads it into status.processing: caught up,
+    # then a later batch for more records, caught up again.
+    url = _progress_url(d)
+    first = _progress_until(url, t, lambda p, lag: p.batch_id is not None and lag == 0)
+    run_load(kafka_bootstrap, t.source, 200, dup_ratio=0.0, seed=22)
+    later = _progress_until(url, t, lambda p, lag: p.batch_id > first.batch_id and lag == 0)
+    record, stuck = spark_processing(later, None, t.source, _stable_ends(kafka_bootstrap, t.source), 1000,
+                                     int(time.time() * 1000), None)
+    assert record["lastBatchId"] > first.batch_id and record["lagRecords"] == 0 and stuck is None, record
+    assert record["batchDurationMs"] >= 0 and record["processedRowsPerSecond"] >= 0
+    assert set(later.end_offsets) == {t.source} and sum(later.end_offsets[t.source].values()) >= 1704
     assert d.alive
 
 
