@@ -1,8 +1,10 @@
 """Rebalancing with state migration through the operator (docs/design.md#rebalancing), under
 load with duplicates: real control plane, node agent, Kafka, the operator as a process. Replicas
-1 -> 3 -> 2 -> 4, partitions 4 -> 8 -> 12, SIGKILL of the old owner mid-handoff and of the new
-owner after ingest, the operator killed mid-rebalance, a decrease refused. Each test ends in
-verify with lost=0 and duplicated=0.
+1 -> 3 -> 2 -> 4 (the 3 -> 2 through the scale subresource), SIGKILL of the old owner mid-handoff
+and of the new owner after ingest, the operator killed mid-rebalance, a decrease refused. Each
+test ends in verify with lost=0 and duplicated=0. Partition growth under load with duplicates
+spanning the change is proved by the workers (tests/integration/test_rebalance_workers.py), the
+soak, and on the node tier (test_node_tier.py 4 -> 6, the demo 8 -> 12).
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ import json
 import time
 
 import pytest
-from confluent_kafka.admin import AdminClient
 from kubernetes import client
 
-from eopipe.core.names import deduped_topic
-from localenv.fixtures_operator import wait_for
+from localenv.fixtures_operator import kubectl, wait_for
 from tests.helpers.rebalance_e2e import Load, Pipe, _events, assert_verified, resend_all_to
 
 pytestmark = pytest.mark.kafka
@@ -30,7 +30,11 @@ def test_replicas_1_3_2_4_under_load(operator, kube_api, kafka_bootstrap, k8s_na
     time.sleep(2)  # mid-load
     last, summaries = -1, []
     for r in (3, 2, 4):
-        p.set(**{"dedup.replicas": r})
+        if r == 2:  # through the scale subresource, as an HPA or KEDA changes it
+            kubectl(p.cp, "scale", "-n", p.ns, "eop/minimal", "--replicas=2")
+            p.doc["spec"]["dedup"]["replicas"] = 2
+        else:
+            p.set(**{"dedup.replicas": r})
         obj = p.wait_settled(last)
         lr = obj["status"]["lastRebalance"]
         summaries.append(lr)
@@ -39,6 +43,13 @@ def test_replicas_1_3_2_4_under_load(operator, kube_api, kafka_bootstrap, k8s_na
         owners = obj["status"]["assignment"]
         assert sorted(q for pod, ps in owners.items() if pod != "generation" for q in ps) == [0, 1, 2, 3], obj["status"]
         assert set(owners) - {"generation"} == {f"minimal-dedup-{i}" for i in range(min(r, 4))}
+        if r == 2:
+            scale = json.loads(kubectl(p.cp, "get", "-n", p.ns, "eop/minimal", "--subresource=scale",
+                                       "-o", "json").stdout)
+            assert (scale["kind"], scale["spec"]["replicas"], scale["status"]["replicas"]) == ("Scale", 2, 2), scale
+            pods = client.CoreV1Api(kube_api).list_namespaced_pod(
+                p.ns, label_selector=scale["status"]["selector"]).items
+            assert sorted(x.metadata.name for x in pods) == ["minimal-dedup-0", "minimal-dedup-1"]
     stats = load.finish()
     p.wait_drained()
     assert_verified(p.verify(), stats["unique"])
@@ -48,36 +59,6 @@ def test_replicas_1_3_2_4_under_load(operator, kube_api, kafka_bootstrap, k8s_na
     assert "RebalanceStarted" in reasons and "RebalanceCompleted" in reasons
     msgs = [e.message for e in _events(kube_api, k8s_namespace) if e.reason == "RebalanceCompleted"]
     assert any("replicas 3 -> 2: 1 partitions moved (1 by snapshot" in m for m in msgs), msgs
-
-
-@pytest.mark.k8s
-def test_partitions_4_8_12_with_duplicates_spanning_the_change(operator, kube_api, kafka_bootstrap, k8s_namespace):
-    p = Pipe(operator, kube_api, kafka_bootstrap, k8s_namespace, **{"dedup.replicas": 2})
-    p.wait_settled()
-    # The load's producer computed its partitions at the start (4): after the increase its
-    # records land in old partitions and are rerouted to their new homes.
-    load = Load(kafka_bootstrap, p.topic, 40_000, rate=600, seed=32)
-    time.sleep(3)
-    last = -1
-    for n in (8, 12):
-        p.set(**{"source.partitions": n})
-        rb = p.wait_phase({"Pausing", "CreatingPartitions", "Resharding", "Finalizing"}, timeout=60)
-        assert rb["type"] == "partitions"
-        obj = p.wait_settled(last)
-        lr = obj["status"]["lastRebalance"]
-        last = lr["id"]
-        assert (lr["fromPartitions"], lr["toPartitions"]) == (n - 4, n) and lr["keysMoved"] > 0, lr
-        assert lr["rebuilt"] == [] and lr["pauseMs"] > 0, lr
-        assert obj["status"]["partitions"] == n
-        # Duplicates spanning the change: every key seen so far, again, to its NEW home.
-        assert resend_all_to(kafka_bootstrap, p.topic, n) > 0
-    stats = load.finish()
-    p.wait_drained()
-    assert_verified(p.verify(), stats["unique"])
-    md = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
-    assert len(md[p.topic].partitions) == 12 and len(md[deduped_topic(p.ns, p.name)].partitions) == 12
-    msgs = [e.message for e in _events(kube_api, k8s_namespace) if e.reason == "RebalanceCompleted"]
-    assert any("partitions 4 -> 8" in m and "keys" in m for m in msgs), msgs
 
 
 @pytest.mark.k8s
@@ -161,30 +142,3 @@ def test_partition_decrease_refused_while_the_pipeline_keeps_running(
     assert_verified(p.verify(), stats["unique"])
     obj = p.get()
     assert obj["status"]["phase"] == "Running" and obj["spec"]["source"]["partitions"] == 4
-
-
-@pytest.mark.k8s
-def test_kubectl_scale_moves_partitions_live(operator, kube_api, kafka_bootstrap, k8s_namespace):
-    """The scale subresource: `kubectl scale` (what an HPA or KEDA does) changes the dedup
-    replicas, the operator hands partitions over by snapshot under load, and nothing is lost or
-    duplicated; the scale subresource reports the replicas and the pods' selector."""
-    from localenv.fixtures_operator import kubectl
-
-    p = Pipe(operator, kube_api, kafka_bootstrap, k8s_namespace, **{"dedup.replicas": 1})
-    first = p.wait_settled()
-    load = Load(kafka_bootstrap, p.topic, 20_000, rate=500, seed=37)
-    time.sleep(2)  # mid-load
-    kubectl(p.cp, "scale", "-n", p.ns, "eop/minimal", "--replicas=2")
-    obj = p.wait_settled((first["status"].get("lastRebalance") or {}).get("id", -1))
-    lr = obj["status"]["lastRebalance"]
-    assert obj["spec"]["dedup"]["replicas"] == 2
-    assert (lr["type"], lr["fromReplicas"], lr["toReplicas"]) == ("replicas", 1, 2), lr
-    assert lr["partitionsMoved"] == 2 and lr["snapshot"] == 2, lr
-    scale = json.loads(kubectl(p.cp, "get", "-n", p.ns, "eop/minimal", "--subresource=scale", "-o", "json").stdout)
-    assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 2 and scale["status"]["replicas"] == 2
-    pods = client.CoreV1Api(kube_api).list_namespaced_pod(p.ns, label_selector=scale["status"]["selector"]).items
-    assert sorted(x.metadata.name for x in pods) == ["minimal-dedup-0", "minimal-dedup-1"]
-    stats = load.finish()
-    p.wait_drained()
-    assert_verified(p.verify(), stats["unique"])
-
