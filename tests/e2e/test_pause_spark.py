@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from eopipe.control import sparkstage
 from eopipe.core.names import Names
 from eopipe.core.spec import RESOURCE, PipelineSpec
 from eopipe.tools.loadgen import run_load
@@ -171,3 +172,39 @@ def test_pause_stops_spark_and_resume_continues_exactly_once(
             for r in _rows(kafka_bootstrap, names.sink_topic)}
     assert sink == source
     assert sum(a for _, a, _, _ in sink.values()) == sum(a for _, a, _, _ in source.values())
+
+    # status.processing: the operator reads the running driver's GET /progress.
+    _check_processing_status(kube_api, core, ns, names, kafka_bootstrap, topic)
+
+
+def _check_processing_status(kube_api, core, ns: str, names: Names, bootstrap: str, topic: str) -> None:
+    """The operator writes status.processing from the running driver's /progress: a batch id that
+    grows with new records, and the lag back at 0. The runner's driver is a local process and
+    the runner makes no pod: this test registers the driver pod the real operator would have
+    (the driver labels, Running, the loopback address the driver serves /progress on, its
+    default port), held back from the scheduler so no node agent runs it."""
+    pod = core.create_namespaced_pod(ns, client.V1Pod(
+        metadata=client.V1ObjectMeta(name="payments-spark-driver", labels=dict(
+            kv.split("=") for kv in sparkstage.driver_selector(names.spark_app).split(","))),
+        spec=client.V1PodSpec(scheduling_gates=[client.V1PodSchedulingGate(name="eopipe.dev/spark-runner")],
+                              containers=[client.V1Container(name="spark-kubernetes-driver", image="spark")])))
+    try:
+        core.patch_namespaced_pod_status(pod.metadata.name, ns, {"status": {
+            "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}})
+
+        def processing(done):
+            st = get_pipeline(kube_api, ns, "payments")["status"].get("processing") or {}
+            return done(st) and st
+
+        first = wait_for(lambda: processing(lambda st: st.get("lastBatchId") is not None
+                                            and st.get("lagRecords") == 0), 120,
+                         what="status.processing caught up")
+        run_load(bootstrap, topic, 200, dup_ratio=0.0, seed=63)
+        later = wait_for(lambda: processing(lambda st: st.get("lastBatchId", -1) > first["lastBatchId"]
+                                            and st.get("lagRecords") == 0), 180,
+                         what="status.processing: a later batch, caught up again")
+        assert "error" not in later and later["batchDurationMs"] >= 0 and later["lastBatchTime"].endswith("Z"), later
+        obj = get_pipeline(kube_api, ns, "payments")
+        assert condition(obj, "ProcessingReady")["status"] == "True", obj["status"]
+    finally:
+        core.delete_namespaced_pod(pod.metadata.name, ns, grace_period_seconds=0)
