@@ -201,3 +201,24 @@ def test_the_driver_read_is_the_newest_running_pod():
                                      _pod("Failed", "10.0.0.3", 3)])
     assert url == f"http://10.0.0.2:{SPARK_PROGRESS_PORT}/progress"
     assert stage_progress.trigger_ms("1m30s") == 90_000
+
+
+def test_the_gauges_follow_the_progress_and_a_paused_pipeline_drops_them():
+    from prometheus_client import REGISTRY
+
+    def value(metric: str):
+        return REGISTRY.get_sample_value(metric, {"namespace": "gauges", "name": "p"})
+
+    p = _progress()
+    record, _ = spark_processing(p, None, TOPIC, {0: 150, 1: 80}, S, T0, None)
+    stage_progress._export("gauges", "p", p, record, 30 * S)
+    assert value("eopipe_operator_spark_lag_records") == 50
+    assert value("eopipe_operator_spark_last_batch_timestamp_seconds") == T0 / 1000
+    assert value("eopipe_operator_spark_batch_duration_seconds") == 0.25
+    assert value("eopipe_operator_spark_trigger_seconds") == 30
+    assert value("eopipe_operator_spark_state_bytes") == 3072
+    stage_progress._export("gauges", "p", None, {"error": "refused"}, 30 * S)  # unreadable: values stay
+    assert value("eopipe_operator_spark_lag_records") == 50
+    stage_progress.forget("gauges", "p")
+    assert value("eopipe_operator_spark_lag_records") is None
+    stage_progress.forget("gauges", "p")  # twice is fine
