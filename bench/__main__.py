@@ -9,6 +9,9 @@ Steps (each module's docstring says exactly what it measures):
   scale          dedup throughput with 1, 2 and 4 pods on 4 and 16 partitions (one machine: the
                  pods share its cores), speed-up over 1 pod, output verified
   latency        Spark stage end to end, produce -> exactly-once Kafka sink: p50/p99
+  spark_sink     the Spark stage's sinks over the payments SQL: eopipe's exactly-once Kafka sink,
+                 Spark's own Kafka sink and Parquet; records/s, CPU per record, and the keys each
+                 duplicates after a driver SIGKILL mid-batch and a restart from the checkpoint
   dedup_latency  the dedup stage alone, produce -> visible read_committed, at 1k and 10k
                  records/s, per commit interval (the latency/throughput knob), output verified
   recovery       dedup worker (1M keys) under steady load, on a broker of its own behind toxiproxy:
@@ -49,13 +52,14 @@ from pathlib import Path
 from bench.common import REPO, broker, positive_ints, say
 from bench.recovery_summary import FAULTS, parse_faults
 
-STEPS = ("dedup_vs_copy", "scale", "latency", "dedup_latency", "recovery", "migration", "memory", "autoscale")
+STEPS = ("dedup_vs_copy", "scale", "latency", "spark_sink", "dedup_latency", "recovery", "migration", "memory", "autoscale")
 FULL = {"records": 200_000, "rounds": 2, "latency_seconds": 20.0, "rates": "100,1000",
         "recovery_keys": 1_000_000, "recovery_rate": 2000.0, "kills": 3, "recovery_steady": 5.0,
         "recovery_faults": "worker_kill,broker_kill,partition,worker_pause", "keys": 1_000_000,
         "memory_sizes": "1000000,10000000", "memory_load": 20_000,
         "scale_records": 400_000, "scale_pods": "1,2,4", "scale_partitions": "4,16",
-        "dedup_rates": "1000,10000", "commit_intervals": "100,1000", "dedup_latency_seconds": 15.0}
+        "dedup_rates": "1000,10000", "commit_intervals": "100,1000", "dedup_latency_seconds": 15.0,
+        "sink_records": 1_000_000}
 QUICK = {"records": 20_000, "rounds": 1, "latency_seconds": 4.0, "rates": "100,1000",
          "recovery_keys": 50_000, "recovery_rate": 1000.0, "kills": 1, "recovery_steady": 2.0,
          # the broker kill is left out of the smoke run: it costs a broker restart (20-35 s on a
@@ -63,7 +67,8 @@ QUICK = {"records": 20_000, "rounds": 1, "latency_seconds": 4.0, "rates": "100,1
          "recovery_faults": "worker_kill,partition", "keys": 20_000,
          "memory_sizes": "20000,100000", "memory_load": 5_000,
          "scale_records": 20_000, "scale_pods": "1,2", "scale_partitions": "4",
-         "dedup_rates": "1000", "commit_intervals": "100", "dedup_latency_seconds": 4.0}
+         "dedup_rates": "1000", "commit_intervals": "100", "dedup_latency_seconds": 4.0,
+         "sink_records": 5_000}
 
 
 def _count(n: int) -> str:
@@ -77,7 +82,8 @@ def _count(n: int) -> str:
 def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[str]) -> tuple[dict, dict]:
     """Runs the steps in order; returns (results, errors) by step name. A failing step is
     reported and the others still run."""
-    from bench import autoscale, dedup_latency, dedup_vs_copy, latency, memory, migration, recovery, scale
+    from bench import (autoscale, dedup_latency, dedup_vs_copy, latency, memory, migration, recovery, scale,
+                       spark_sink)
 
     rates = tuple(int(r) for r in opts.rates.split(","))
     calls = {
@@ -92,6 +98,8 @@ def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[st
                                                      seconds=opts.dedup_latency_seconds, progress=say),
         "latency": lambda: latency.bench(bootstrap, work / "latency", rates=rates, seconds=opts.latency_seconds,
                                          progress=say),
+        "spark_sink": lambda: spark_sink.bench(bootstrap, work / "spark_sink", records=opts.sink_records,
+                                               progress=say),
         "recovery": lambda: recovery.bench(work / "recovery", keys=opts.recovery_keys, rate=opts.recovery_rate,
                                            kills=opts.kills, steady=opts.recovery_steady,
                                            faults=parse_faults(opts.recovery_faults), progress=say),
@@ -188,6 +196,28 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
             lambda r, i=i: r[i]["p50_ms"])
         row("latency", f"latency_p99_ms_{rate}", f"end-to-end latency p99 at {rate}/s", "ms", notes,
             lambda r, i=i: r[i]["p99_ms"])
+    from bench.spark_sink import SINKS
+
+    sink = results.get("spark_sink") or {}
+    sink_notes = (f"{opts.sink_records:,} records, payments SQL, local[2]"
+                  + (f", load {sink['load'][0]:.1f}" if sink.get("load") else ""))
+
+    def sink_row(r, sid):
+        return next((x for x in r["rows"] if x["id"] == sid), None)
+    for s in SINKS:
+        row("spark_sink", f"spark_sink_{s.id}_records_per_s", f"Spark stage, {s.short}", "records/s",
+            f"{s.guarantee}; steady batches before the kill; {sink_notes}",
+            lambda r, s=s: sink_row(r, s.id)["records_per_s"])
+        row("spark_sink", f"spark_sink_{s.id}_cpu_us_per_record", f"Spark stage CPU, {s.short}", "µs/record",
+            "user + system CPU of the driver's process tree (driver, JVM, Python workers)",
+            lambda r, s=s: sink_row(r, s.id)["cpu_us_per_record"])
+        row("spark_sink", f"spark_sink_{s.id}_duplicated_after_kill", f"Spark stage dup keys, {s.short}", "keys",
+            "after a driver SIGKILL mid-batch and a restart; "
+            + ("eopipe verify, read_committed" if s.id != "parquet" else "read by Spark in another process"),
+            lambda r, s=s: sink_row(r, s.id)["duplicated"])
+    row("spark_sink", "spark_sink_eopipe_vs_spark_kafka", "Spark stage: eopipe sink / Spark Kafka sink",
+        "ratio", "records/s over records/s, same SQL, records and executors (goal >= 0.8)",
+        lambda r: r["eopipe_vs_spark_kafka"])
     rec_notes = (f"lag back to steady after the fault ends; {_count(opts.recovery_keys)} keys, "
                  f"{opts.recovery_rate:.0f}/s, {opts.kills} round{'s' if opts.kills > 1 else ''}")
     for name in parse_faults(opts.recovery_faults):
@@ -387,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dedup-latency-seconds", type=float,
                     help=f"dedup_latency: measured seconds per row ({FULL['dedup_latency_seconds']})")
     ap.add_argument("--latency-seconds", type=float, help=f"latency: seconds per rate ({FULL['latency_seconds']})")
+    ap.add_argument("--sink-records", type=int,
+                    help=f"spark_sink: deduped records through each sink ({FULL['sink_records']})")
     ap.add_argument("--recovery-keys", type=int, help=f"recovery: keys in the store ({FULL['recovery_keys']})")
     ap.add_argument("--recovery-rate", type=float, help=f"recovery: load, records/s ({FULL['recovery_rate']})")
     ap.add_argument("--kills", type=int, help=f"recovery: rounds per fault class ({FULL['kills']})")

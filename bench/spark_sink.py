@@ -52,11 +52,12 @@ class Sink:
     id: str
     name: str
     guarantee: str
+    short: str  # the label in the combined table of `make bench`
 
 
-EOPIPE = Sink("eopipe", "eopipe exactly-once Kafka sink", "exactly-once")
-SPARK_KAFKA = Sink("spark_kafka", "Spark's Kafka sink", "at-least-once")
-PARQUET = Sink("parquet", "Spark's file sink (Parquet)", "exactly-once via _spark_metadata")
+EOPIPE = Sink("eopipe", "eopipe exactly-once Kafka sink", "exactly-once", "eopipe sink")
+SPARK_KAFKA = Sink("spark_kafka", "Spark's Kafka sink", "at-least-once", "Spark Kafka sink")
+PARQUET = Sink("parquet", "Spark's file sink (Parquet)", "exactly-once via _spark_metadata", "Parquet sink")
 SINKS = (EOPIPE, SPARK_KAFKA, PARQUET)
 
 
