@@ -10,8 +10,12 @@ dropDuplicatesWithinWatermark with the RocksDB state store and the Kafka sink.
 All read the same preloaded source topic (with 20% resends) from the start, each as its own
 process writing its own output topic; each is timed from process start until its consumer group
 has committed the end of the source (Spark: until its availableNow query ended), with CPU time
-and peak RSS from the kernel (wait4 rusage). Rounds alternate the contestants so drift on a
-shared machine hits all alike; the best round counts. The best round's output of each
+and peak RSS from the kernel (wait4 rusage). Steady state, apart from process start and the
+last commit: while a contestant with a consumer group runs, a sampler reads its group's committed
+offsets and its process's CPU time (/proc) every 20 ms; records/s and CPU per record are the
+slope between the samples where 10% and 90% of the source were first committed. Rounds
+alternate the contestants so drift on a shared machine hits all alike; the best round counts
+(by steady records/s where there is one). The best round's output of each
 contestant is then read back by eopipe verify (keys = the JSON field `id`): the dedup
 contestants must hold each key once, the copiers every record. With peers, Spark's duplicates
 after a driver SIGKILL follow (bench/spark_kill.py).
@@ -19,10 +23,14 @@ after a driver SIGKILL follow (bench/spark_kill.py).
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import contestants as cs
@@ -58,11 +66,17 @@ def bench(bootstrap: str, workdir: Path, records: int = 200_000, partitions: int
             for f in futs.values():
                 f.result(30)
             progress(f"round {r + 1}/{rounds}: {c.name}")
-            runs[c.id].append(dict(cs.run(c, bootstrap, source, out, workdir, partitions, tools), output=out))
+            _, group = cs.command(c, bootstrap, source, out, workdir, partitions, tools)
+            sampler = Sampler(bootstrap, group, source, partitions, out) if group else None
+            try:
+                run = cs.run(c, bootstrap, source, out, workdir, partitions, tools)
+            finally:
+                samples = sampler.finish() if sampler else []
+            runs[c.id].append(dict(run, output=out, **steady(samples, sampler.end if sampler else 0, total)))
 
     rows = []
     for c in chosen:
-        best = min(runs[c.id], key=lambda x: x["seconds"])
+        best = min(runs[c.id], key=lambda x: (-(x["steady_records_per_s"] or 0), x["seconds"]))
         progress(f"verifying the output of {c.name}")
         rep = verify(bootstrap, source, best["output"], key_spec=KeySpec.parse("json:id"), settle=2,
                      timeout=300, count_aborted=False)
@@ -70,6 +84,9 @@ def bench(bootstrap: str, workdir: Path, records: int = 200_000, partitions: int
                      "records": total, "unique": stats["unique"], "seconds": best["seconds"],
                      "records_per_s": total / best["seconds"],
                      "cpu_us_per_record": best["cpu_seconds"] / total * 1e6, "max_rss_mb": best["max_rss_mb"],
+                     "steady_records_per_s": best["steady_records_per_s"],
+                     "steady_cpu_us_per_record": best["steady_cpu_us_per_record"],
+                     "steady_by_round": [x["steady_records_per_s"] for x in runs[c.id]],
                      "out": rep.out, "duplicated": rep.duplicated, "lost": rep.lost,
                      "config": cs.config_lines(best["log"])})
     eo = rows[1]
@@ -88,19 +105,110 @@ def bench(bootstrap: str, workdir: Path, records: int = 200_000, partitions: int
     return result
 
 
+class Sampler(threading.Thread):
+    """(seconds, committed offsets of `group` on `topic`, CPU seconds of the contestant's process)
+    every 20 ms while the contestant runs. The process is the child of this one whose command
+    line names `output` (each contestant writes a topic of its own)."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, partitions: int, output: str):
+        super().__init__(daemon=True)
+        self.tps = [TopicPartition(topic, p) for p in range(partitions)]
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+        self.end = sum(self.consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in self.tps)
+        self.output = output.encode()
+        self.samples: list[tuple[float, int, float]] = []
+        self.done = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        pid = None
+        while not self.done.wait(0.02):
+            pid = pid or _child_naming(self.output)
+            if pid is None:
+                continue
+            try:
+                committed = sum(max(0, tp.offset) for tp in self.consumer.committed(self.tps, timeout=5))
+                cpu = _cpu_seconds(pid)
+            except Exception:  # noqa: BLE001 - the process ended or the broker was slow: no sample
+                continue
+            self.samples.append((time.monotonic(), committed, cpu))
+            if committed >= self.end:
+                break
+
+    def finish(self) -> list[tuple[float, int, float]]:
+        self.done.set()
+        self.join()
+        self.consumer.close()
+        return self.samples
+
+
+def _child_naming(marker: bytes) -> int | None:
+    me = os.getpid()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            if ppid == me and marker in Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0"):
+                return int(d)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of the whole process (all its threads)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def steady(samples: list[tuple[float, int, float]], end: int, records: int,
+           lo: float = 0.1, hi: float = 0.9) -> dict:
+    """Records/s and CPU µs/record between the first samples at or past `lo` and `hi` of the
+    source's `end` offsets (holding `records` records) committed; None where the run was too
+    short to tell."""
+    none = {"steady_records_per_s": None, "steady_cpu_us_per_record": None}
+    if not samples or end <= 0:
+        return none
+    a = next((s for s in samples if s[1] >= lo * end), None)
+    b = next((s for s in samples if s[1] >= hi * end), None)
+    if a is None or b is None or b[1] <= a[1] or b[0] <= a[0]:
+        return none
+    records = (b[1] - a[1]) * records / end
+    return {"steady_records_per_s": records / (b[0] - a[0]),
+            "steady_cpu_us_per_record": (b[2] - a[2]) / records * 1e6}
+
+
 def table(result: dict) -> str:
     head = (f"{'contestant':40} {'guarantee':18} {'records/s':>10} {'x eopipe':>8} {'CPU µs/rec':>10} "
-            f"{'x eopipe':>8} {'RSS MB':>7} {'out':>8} {'dup keys':>8}")
+            f"{'x eopipe':>8} {'steady/s':>9} {'µs/rec':>6} {'RSS MB':>7} {'out':>8} {'dup keys':>8}")
     lines = [head, "-" * len(head)]
+
+    def opt(v, fmt):
+        return format(v, fmt) if v is not None else "-"
     for r in result["rows"]:
         lines.append(f"{r['name']:40} {r['guarantee']:18} {r['records_per_s']:>10,.0f} {r['vs_eopipe']:>8.2f} "
-                     f"{r['cpu_us_per_record']:>10.1f} {r['cpu_vs_eopipe']:>8.2f} {r['max_rss_mb']:>7.0f} "
+                     f"{r['cpu_us_per_record']:>10.1f} {r['cpu_vs_eopipe']:>8.2f} "
+                     f"{opt(r.get('steady_records_per_s'), '>9,.0f'):>9} "
+                     f"{opt(r.get('steady_cpu_us_per_record'), '>6.1f'):>6} {r['max_rss_mb']:>7.0f} "
                      f"{r['out']:>8,} {r['duplicated']:>8,}")
     rows = result["rows"]
     lines.append(f"{result['records']:,} records ({result['unique']:,} unique ids), {result['partitions']} "
                  f"partitions, best of {result['rounds']}; out/dup keys: the best run's output read back by "
                  f"eopipe verify (a copier copies the resends, so its dup keys are the source's)")
+    lines.append("steady/s, µs/rec: from 10% to 90% of the source committed (process start and the last "
+                 "commit left out)")
     lines.append(f"ratio dedup/copy (records/s): {rows[1]['records_per_s'] / rows[0]['records_per_s']:.2f}")
+    for r in rows[1:]:
+        if r["dedups"] and not r["peer"] and r.get("steady_records_per_s") and rows[0].get("steady_records_per_s"):
+            lines.append(f"steady ratio {r['id']}/copy: {r['steady_records_per_s'] / rows[0]['steady_records_per_s']:.2f}"
+                         f", CPU {r['steady_cpu_us_per_record']:.1f} vs {rows[0]['steady_cpu_us_per_record']:.1f} "
+                         "µs/record")
     if result.get("spark_kill"):
         from bench import spark_kill
 

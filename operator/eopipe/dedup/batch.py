@@ -91,45 +91,47 @@ class Transaction:
         out_p = self.out_p
         src = cfg.source_topic
         spec = cfg.key_spec
+        by_key = spec.kind == "recordKey"  # the record key itself: no call per record
         home = self.home
         nparts = self.home_count()
         produce = self.producer.produce
         pending = self.pending
         candidates = []
+        append = candidates.append
         rerouted = dead = n = 0
         last = None
         for m in msgs:
-            err = m.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    continue
-                if err.fatal():
-                    raise KafkaException(err)
-                event(log, WARNING, "consumer error", partition=p, error=str(err))
+            if m.error() is not None:
+                self._consumer_error(m.error())
                 continue
-            if not self.open:
-                self.begin()
             last = m
             n += 1
-            key, value, headers = m.key(), m.value(), m.headers()
-            try:
-                k = extract(spec, key, value, headers)
-            except MalformedRecord as e:
-                hdrs = list(headers or ()) + _origin(src, m, str(e))
-                self._produce(produce, cfg.dlq_topic, value, key, -1, _ts(m), hdrs, m)
-                dead += 1
-                continue
+            if by_key:
+                k = m.key()
+                if not k:
+                    dead += self._dead_letter(produce, m, "record has no key")
+                    continue
+            else:
+                try:
+                    k = extract(spec, m.key(), m.value(), m.headers())
+                except MalformedRecord as e:
+                    dead += self._dead_letter(produce, m, str(e))
+                    continue
             if nparts > 1 and (h := home(k, nparts)) != p:
-                hdrs = list(headers or ())
+                if not self.open:
+                    self.begin()
+                hdrs = list(m.headers() or ())
                 hdrs.append((H_REROUTED, f"{p}:{m.offset()}".encode()))
-                if self._produce(produce, src, value, key, h, _ts(m), hdrs, m):
+                if self._produce(produce, src, m.value(), m.key(), h, _ts(m), hdrs, m):
                     rerouted += 1
                 else:
                     dead += 1
                 continue
-            candidates.append((m, k))
+            append((m, k))
         if last is None:
             return
+        if not self.open:
+            self.begin()
         # Dedup: the open transaction's keys, then one batched multi-get per live segment.
         lookup = list({k for _, k in candidates if k not in pending})
         seen = self.store.contains(lookup) if lookup else ()
@@ -137,7 +139,7 @@ class Transaction:
         out = cfg.output_topic
         emitted = dups = 0
         for m, k in candidates:
-            if (k in pending or k in seen) and not broken:
+            if not broken and (k in pending or k in seen):
                 dups += 1
                 continue
             ts_type, ts = m.timestamp()
@@ -152,10 +154,9 @@ class Transaction:
             # partition growth no stale partition count places it elsewhere. (An output with
             # fewer partitions: see _produce.)
             try:  # the hot path: inline; the helper handles a full queue and errors
-                if hdrs:
-                    produce(out, m.value(), m.key(), out_p, timestamp=ts, headers=hdrs)
-                else:
-                    produce(out, m.value(), m.key(), out_p, timestamp=ts)
+                # Positional (topic, value, key, partition, callback, on_delivery, timestamp,
+                # headers; a None callback is the default): parsing keywords cost 0.4 µs a call.
+                produce(out, m.value(), m.key(), out_p, None, None, ts, hdrs)
             except (BufferError, KafkaException):
                 sent = self._produce(produce, out, m.value(), m.key(), out_p, ts, hdrs, m)
                 out_p = self.out_p
@@ -172,6 +173,21 @@ class Transaction:
         c.dead_lettered += dead
         self.records += n
         self.next_offset = last.offset() + 1
+
+    def _consumer_error(self, err) -> None:
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        if err.fatal():
+            raise KafkaException(err)
+        event(log, WARNING, "consumer error", partition=self.p, error=str(err))
+
+    def _dead_letter(self, produce, m, reason: str) -> int:
+        """A malformed record to the dead-letter topic, with where it came from; 1 (a count)."""
+        if not self.open:
+            self.begin()
+        hdrs = list(m.headers() or ()) + _origin(self.cfg.source_topic, m, reason)
+        self._produce(produce, self.cfg.dlq_topic, m.value(), m.key(), -1, _ts(m), hdrs, m)
+        return 1
 
     def commit(self, deadline: float | None = None) -> Committed:
         """Sends the offsets and commits, each under the watchdog; then remembers the keys in the
