@@ -471,6 +471,47 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
     wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
 
 
+def test_bad_sql_fails_with_sparks_message_and_is_not_retried(node_tier):
+    """examples/payments.yaml with SQL over a missing column, through the real Spark Operator:
+    the pipeline ends Failed with Spark's own words (from the driver pod's termination message:
+    v2.5.2 puts only the exit code in the SparkApplication's errorMessage), after
+    1 + onFailureRetries driver runs, and the operator does not submit it again."""
+    from eopipe.control.builders.spark import RESTART_POLICY
+
+    ns, name = "badsql", "payments"
+    _install_operator_if_absent(node_tier)
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "payments.yaml").read_text())
+    doc["spec"]["processing"]["sql"] = "SELECT id, no_such_column FROM events"
+    kubectl("create", "namespace", ns)
+    kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+    t = time.monotonic()
+
+    def failed() -> dict | None:
+        obj = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)
+        st = obj.get("status") or {}
+        ready = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
+        return obj if st.get("phase") == "Failed" and ready.get("reason") == "SparkFailed" else None
+    obj = wait(failed, 600, "phase Failed, Ready=False/SparkFailed")
+    log(f"{name}: Failed in {time.monotonic() - t:.0f}s")
+    conditions = {c["type"]: c for c in obj["status"]["conditions"]}
+    for kind in ("Ready", "ProcessingReady", "Stalled"):
+        msg = conditions[kind]["message"]
+        assert "UNRESOLVED_COLUMN" in msg and "`no_such_column` cannot be resolved" in msg, (kind, msg)
+    runs = 1 + RESTART_POLICY["onFailureRetries"]
+    app = wait(lambda: (a := kubectl_json("-n", ns, "get", "sparkapplication", f"{name}-spark"))
+               ["status"]["applicationState"]["state"] == "FAILED" and a, runs * 240, "SparkApplication FAILED")
+    log(f"{name}-spark FAILED: {app['status']['applicationState']}, executionAttempts "
+        f"{app['status'].get('executionAttempts')}; Ready: {conditions['Ready']['message'][:300]}")
+    assert app["status"]["executionAttempts"] == runs, app["status"]
+    time.sleep(45)  # several passes of the operator
+    again = kubectl_json("-n", ns, "get", "sparkapplication", f"{name}-spark")
+    assert again["metadata"]["uid"] == app["metadata"]["uid"], "the operator submitted the application again"
+    assert (again["status"]["executionAttempts"], again["status"]["applicationState"]["state"]) == (runs, "FAILED")
+    assert failed()
+    kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s")
+    wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
+
+
 def _spark_webhook(enable: bool) -> None:
     """`helm upgrade` of the Spark Operator's release with its webhook on or off, its other values
     as `make cluster` installed them (localenv/node/cluster.py)."""
