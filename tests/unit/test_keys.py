@@ -5,7 +5,21 @@ import json
 
 import pytest
 
-from eopipe.core.keys import KeySpec, MalformedRecord, extract
+from eopipe.core.keys import KeySpec, MalformedRecord, extract, extractor
+
+
+def key_of(spec, key, value, headers):
+    """extract()'s answer, after checking that the worker's extractor(spec) gives the same key,
+    or raises the same error."""
+    try:
+        want = extract(spec, key, value, headers)
+    except MalformedRecord as e:
+        with pytest.raises(MalformedRecord) as got:
+            extractor(spec)(key, value, headers)
+        assert str(got.value) == str(e)
+        raise
+    assert extractor(spec)(key, value, headers) == want
+    return want
 
 ID = KeySpec("jsonField", "id")
 
@@ -27,7 +41,7 @@ ID = KeySpec("jsonField", "id")
     (b'{"id": "x", "other": NaN}', b"x"),
 ])
 def test_json_field_keys_are_what_json_reads(value, key):
-    assert extract(ID, None, value, None) == key
+    assert key_of(ID, None, value, None) == key
     assert key == str(json.loads(value)["id"]).encode()
 
 
@@ -43,7 +57,7 @@ def test_json_field_keys_are_what_json_reads(value, key):
 ])
 def test_records_without_a_usable_json_key_are_malformed(value, reason):
     with pytest.raises(MalformedRecord, match=reason):
-        extract(ID, None, value, None)
+        key_of(ID, None, value, None)
 
 
 @pytest.mark.parametrize("spec, key, headers, expected", [
@@ -51,7 +65,7 @@ def test_records_without_a_usable_json_key_are_malformed(value, reason):
     (KeySpec("header", "event-id"), None, [("other", b"x"), ("event-id", b"e1")], b"e1"),
 ])
 def test_record_key_and_header_keys(spec, key, headers, expected):
-    assert extract(spec, key, b"{}", headers) == expected
+    assert key_of(spec, key, b"{}", headers) == expected
 
 
 @pytest.mark.parametrize("spec, key, headers, reason", [
@@ -62,7 +76,7 @@ def test_record_key_and_header_keys(spec, key, headers, expected):
 ])
 def test_missing_record_keys_and_headers_are_malformed(spec, key, headers, reason):
     with pytest.raises(MalformedRecord, match=reason):
-        extract(spec, key, b"{}", headers)
+        key_of(spec, key, b"{}", headers)
 
 
 USER_ID = KeySpec("jsonField", "user.id")
@@ -79,7 +93,7 @@ USER_ID = KeySpec("jsonField", "user.id")
     (b'{"user": {"id": 1}, "user": {"id": 2}}', b"2"),
 ])
 def test_nested_fields_are_read_as_top_level_ones_are(value, key):
-    assert extract(USER_ID, None, value, None) == key
+    assert key_of(USER_ID, None, value, None) == key
     assert key == str(json.loads(value)["user"]["id"]).encode()
 
 
@@ -95,7 +109,7 @@ def test_nested_fields_are_read_as_top_level_ones_are(value, key):
 ])
 def test_nested_records_without_a_usable_key_are_malformed(value, reason):
     with pytest.raises(MalformedRecord, match=reason):
-        extract(USER_ID, None, value, None)
+        key_of(USER_ID, None, value, None)
 
 
 @pytest.mark.parametrize("text, path", [
@@ -115,7 +129,7 @@ def test_text_forms_of_a_json_path_and_their_round_trip(text, path):
 def test_a_name_with_a_dot_is_read_by_the_list_form():
     spec = KeySpec("jsonField", path=("a.b", "c"))
     assert str(spec) == 'json:["a.b", "c"]'
-    assert extract(spec, None, b'{"a.b": {"c": "x"}, "a": {"b": {"c": "y"}}}', None) == b"x"
+    assert key_of(spec, None, b'{"a.b": {"c": "x"}, "a": {"b": {"c": "y"}}}', None) == b"x"
 
 
 @pytest.mark.parametrize("text", ["json:.id", "json:user.", "json:a..b", "json:[]", 'json:[""]',

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Literal
+from functools import partial
+from typing import Callable, Literal
 
 import orjson
 
@@ -101,6 +102,41 @@ def extract(spec: KeySpec, key: bytes | None, value: bytes | None,
         return str(field).encode()
     except UnicodeEncodeError:  # a lone surrogate (\ud800): no UTF-8 key exists for it
         raise MalformedRecord(f"JSON field {spec.name!r} is not valid Unicode text") from None
+
+
+Extract = Callable[[bytes | None, bytes | None, "list[tuple[str, bytes]] | None"], bytes]
+
+
+def extractor(spec: KeySpec) -> Extract:
+    """extract() bound to `spec`, for the worker's hot path: the same key or the same error for
+    every record. A JSON field that is a non-empty string or an integer (nearly every key) is
+    read in one pass, a third of extract's time; anything else goes through extract itself."""
+    if spec.kind != "jsonField":
+        return partial(extract, spec)
+    first, rest = spec.path[0], spec.path[1:]
+    loads, bad_json = orjson.loads, orjson.JSONDecodeError
+
+    def json_key(key, value, headers):
+        if value is not None:
+            try:
+                field = loads(value)
+            except bad_json:
+                field = None
+            else:
+                field = field.get(first) if type(field) is dict else None
+                for name in rest:
+                    field = field.get(name) if type(field) is dict else None
+            t = type(field)
+            if t is str and field:
+                try:
+                    return field.encode()
+                except UnicodeEncodeError:
+                    pass
+            elif t is int:
+                return str(field).encode()
+        return extract(spec, key, value, headers)
+
+    return json_key
 
 
 def _at(doc, path: tuple[str, ...]):

@@ -22,7 +22,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException,
 
 from eopipe.core import partitioner as partitioners
 from eopipe.core.headers import H_OFFSET, H_PARTITION, H_REASON, H_REROUTED, H_TOPIC
-from eopipe.core.keys import MalformedRecord, extract
+from eopipe.core.keys import MalformedRecord, extractor
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.partition_store import PartitionStore
@@ -65,6 +65,7 @@ class Transaction:
         self.home_count = home_count      # the partition count of the home check, read per batch
         self.no_dedup = no_dedup          # the test-only fault: every record counts as new
         self.home = partitioners.get(cfg.partitioner)
+        self.extract = extractor(cfg.key_spec)
         self.after_commit = after_commit  # the test-only fault between commit and store write
         self.reset(committed)
 
@@ -90,8 +91,8 @@ class Transaction:
         p = self.p
         out_p = self.out_p
         src = cfg.source_topic
-        spec = cfg.key_spec
-        by_key = spec.kind == "recordKey"  # the record key itself: no call per record
+        by_key = cfg.key_spec.kind == "recordKey"  # the record key itself: no call per record
+        extract = self.extract
         home = self.home
         nparts = self.home_count()
         produce = self.producer.produce
@@ -113,7 +114,7 @@ class Transaction:
                     continue
             else:
                 try:
-                    k = extract(spec, m.key(), m.value(), m.headers())
+                    k = extract(m.key(), m.value(), m.headers())
                 except MalformedRecord as e:
                     dead += self._dead_letter(produce, m, str(e))
                     continue
@@ -133,7 +134,7 @@ class Transaction:
         if not self.open:
             self.begin()
         # Dedup: the open transaction's keys, then one batched multi-get per live segment.
-        lookup = list({k for _, k in candidates if k not in pending})
+        lookup = [k for _, k in candidates if k not in pending]  # a key twice: found twice, no harm
         seen = self.store.contains(lookup) if lookup else ()
         broken = self.no_dedup
         out = cfg.output_topic
