@@ -10,6 +10,7 @@ from confluent_kafka import KafkaException
 from kubernetes import client
 from prometheus_client import Counter, Gauge, Histogram
 
+from eopipe.control import stage_progress
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.reconcile import Reconciler
 from eopipe.control.settings import Settings
@@ -183,6 +184,7 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
         """A deleted pipeline's series leave /metrics; they would report it forever."""
         for gauge in (PHASES, OPEN_TXN, AUTOSCALE_DESIRED):
             _forget(gauge, body)
+        stage_progress.forget(body["metadata"]["namespace"], body["metadata"]["name"])
 
     @kopf.on.delete(*RESOURCE, registry=registry)
     def on_delete(body, retry, logger, **_):
