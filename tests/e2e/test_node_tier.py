@@ -357,19 +357,26 @@ def _spark_pods_keep_the_spec(ns: str, name: str) -> None:
         "security contexts and the env the SparkApplication's pod templates ask for")
 
 
-def _submitted_once(ns: str, name: str) -> None:
-    """The Spark Operator submitted the new application once: one submission attempt, one
-    SparkApplicationSubmitted event and no SparkApplicationSubmissionFailed (a write by eopipe
-    between its read and its status write made v2.5.2 submit again and fail on the existing
-    driver pod: control/sparkwrites.py)."""
+def _events(ns: str, name: str) -> Counter:
+    """The reasons of the events of the SparkApplication `<name>-spark` (this object: by uid)."""
+    uid = kubectl_json("-n", ns, "get", "sparkapplication", f"{name}-spark")["metadata"]["uid"]
+    events = kubectl_json("-n", ns, "get", "events", "--field-selector", f"involvedObject.uid={uid}")["items"]
+    return Counter(e["reason"] for e in events for _ in range(e.get("count") or 1))
+
+
+def _submitted_once(ns: str, name: str, before: Counter | None = None) -> None:
+    """The Spark Operator submitted the application once (since the events `before`, when its
+    spec changed and it runs again): one submission attempt, one more SparkApplicationSubmitted
+    event and no SparkApplicationSubmissionFailed (a write by eopipe between its read and its
+    status write made v2.5.2 submit again and fail on the existing driver pod:
+    control/sparkwrites.py)."""
     st = _spark_app(ns, f"{name}-spark")
-    events = kubectl_json("-n", ns, "get", "events", "--field-selector",
-                          f"involvedObject.kind=SparkApplication,involvedObject.name={name}-spark")["items"]
-    reasons = Counter(e["reason"] for e in events for _ in range(e.get("count") or 1))
+    reasons = _events(ns, name)
+    reasons.subtract(before or Counter())
     log(f"{name}-spark: submissionAttempts {st.get('submissionAttempts')}, executionAttempts "
-        f"{st.get('executionAttempts')}, events {dict(reasons)}")
+        f"{st.get('executionAttempts')}, events {dict(+reasons)}")
     assert (st.get("submissionAttempts"), st.get("executionAttempts")) == (1, 1), st
-    assert reasons["SparkApplicationSubmitted"] == 1 and not reasons["SparkApplicationSubmissionFailed"], reasons
+    assert reasons["SparkApplicationSubmitted"] == 1 and reasons["SparkApplicationSubmissionFailed"] <= 0, reasons
 
 
 def _wait_resubmitted(ns: str, name: str) -> None:
@@ -475,7 +482,8 @@ def test_bad_sql_fails_with_sparks_message_and_is_not_retried(node_tier):
     """examples/payments.yaml with SQL over a missing column, through the real Spark Operator:
     the pipeline ends Failed with Spark's own words (from the driver pod's termination message:
     v2.5.2 puts only the exit code in the SparkApplication's errorMessage), after
-    1 + onFailureRetries driver runs, and the operator does not submit it again."""
+    1 + onFailureRetries driver runs, and the operator does not submit it again until the SQL is
+    fixed; then it runs (tests/e2e/test_spark_failed.py keeps the schema case on the process tier)."""
     from eopipe.control.builders.spark import RESTART_POLICY
 
     ns, name = "badsql", "payments"
@@ -508,6 +516,15 @@ def test_bad_sql_fails_with_sparks_message_and_is_not_retried(node_tier):
     assert again["metadata"]["uid"] == app["metadata"]["uid"], "the operator submitted the application again"
     assert (again["status"]["executionAttempts"], again["status"]["applicationState"]["state"]) == (runs, "FAILED")
     assert failed()
+
+    # A fixed spec is a new submission, once: the pipeline runs.
+    t, before = time.monotonic(), _events(ns, name)
+    kubectl("-n", ns, "patch", "exactlyoncepipeline", name, "--type", "merge",
+            "-p", json.dumps({"spec": {"processing": {"sql": "SELECT id, account FROM events"}}}))
+    wait(lambda: _settled(ns, name) and _spark_app(ns, f"{name}-spark").get("applicationState", {}).get("state")
+         == "RUNNING", 400, f"{name} Ready with its fixed SQL's driver RUNNING")
+    log(f"{name}: the fixed SQL Ready, its driver RUNNING in {time.monotonic() - t:.0f}s")
+    _submitted_once(ns, name, before)  # v2.5.2 re-runs the changed application itself (same object)
     kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s")
     wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
 
