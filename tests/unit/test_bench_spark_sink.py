@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench.spark_sink import Batch, kill_due, read_batches, steady
+from bench.spark_sink import Batch, finished, kill_due, read_batches, steady
 
 
 def B(i, end, started, committed=None):
@@ -59,3 +59,9 @@ def test_steady_unknown(batches):
 def test_steady_without_cpu_samples():
     got = steady(DONE, [])
     assert got["records_per_s"] == 5.0 and got["cpu_us_per_record"] is None
+
+
+@pytest.mark.parametrize("batches, done", [
+    ([], False), (DONE, True), (DONE + [B(6, 70, 22.0)], False), (DONE[:3], False)])
+def test_finished(batches, done):
+    assert finished(batches, 60) is done
