@@ -449,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     if skip - set(STEPS):
         ap.error(f"unknown steps in --skip: {','.join(sorted(skip - set(STEPS)))}")
     if args.quick:
-        skip.add("autoscale")  # python -m bench.autoscale runs it alone
+        # Each runs alone (python -m bench.autoscale, python -m bench.spark_sink): autoscale
+        # starts a control plane; spark_sink starts seven Spark JVMs, minutes on two cores.
+        skip.update(("autoscale", "spark_sink"))
     if args.peers:
         skip = set(STEPS) - {"dedup_vs_copy"}
     elif args.peers is None:

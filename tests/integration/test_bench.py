@@ -40,25 +40,15 @@ EXPECTED = {
     "migration_mb_per_s": "MB/s",
     "memory_peak_rss_mb_20k": "MB",
     "memory_peak_rss_mb_100k": "MB",
-    **{f"spark_sink_{s}_{m}": u for s in ("eopipe", "spark_kafka", "parquet")
-       for m, u in (("records_per_s", "records/s"), ("cpu_us_per_record", "µs/record"),
-                    ("duplicated_after_kill", "keys"))},
-    "spark_sink_eopipe_vs_spark_kafka": "ratio",
 }
-# Counts that may be 0: the exactly-once sinks' duplicates (asserted 0 below), and Spark's own
-# Kafka sink's, which are > 0 only when the killed batch had written part of its records.
-ZERO_OK = {"spark_sink_eopipe_duplicated_after_kill", "spark_sink_parquet_duplicated_after_kill",
-           "spark_sink_spark_kafka_duplicated_after_kill"}
+# --quick leaves out autoscale and spark_sink (each runs alone: a control plane; seven Spark JVMs).
 
 
-# The spark_sink step starts 7 Spark JVMs (3 sinks, each run, killed and restarted, and the Parquet
-# counter): minutes on a busy 2-core machine, hence the longer budget of this test.
-@pytest.mark.timeout(1260)
 def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--bootstrap", kafka_bootstrap,
                            "--json", str(out_json), "--png", str(out_png)],
-                          cwd=REPO, capture_output=True, text=True, timeout=1200, check=False)
+                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
 
     doc = json.loads(out_json.read_text())
@@ -67,7 +57,7 @@ def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
     assert set(rows) == set(EXPECTED), f"metrics differ: {sorted(set(rows) ^ set(EXPECTED))}"
     for mid, unit in EXPECTED.items():
         v = rows[mid]["value"]
-        assert isinstance(v, float) and math.isfinite(v) and (v > 0 or mid in ZERO_OK and v == 0), f"{mid} = {v!r}"
+        assert isinstance(v, float) and math.isfinite(v) and v > 0, f"{mid} = {v!r}"
         assert rows[mid]["unit"] == unit
     # Sanity bounds, loose enough for a busy 2-core machine.
     assert 100 < rows["dedup_records_per_s"]["value"] < 10_000_000
@@ -90,16 +80,6 @@ def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
     assert rec["rows"][1]["held_s"] > rec["transaction_timeout_s"]  # the partition outlasted it
     v = rec["verify"]
     assert (v["lost"], v["duplicated"], v["unexpected"]) == (0, 0, 0) and v["out"] == v["unique_in"] > 1000
-    # The Spark stage's sinks: each killed mid-batch and restarted; the exactly-once ones (eopipe's
-    # Kafka sink, Parquet through _spark_metadata) hold every key once, Spark's Kafka sink none lost.
-    sink = {r["id"]: r for r in doc["details"]["spark_sink"]["rows"]}
-    assert list(sink) == ["eopipe", "spark_kafka", "parquet"]
-    for sid, r in sink.items():
-        assert r["killed_in_batch"] is not None and r["killed_in_batch"] >= 6, sid
-        assert r["lost"] == 0 and r["unique"] == 5_000, sid
-    for sid in ("eopipe", "parquet"):
-        assert (sink[sid]["out"], sink[sid]["duplicated"]) == (5_000, 0), sid
-    assert sink["spark_kafka"]["out"] >= 5_000 + sink["spark_kafka"]["duplicated"]
     assert 10 < rows["memory_peak_rss_mb_20k"]["value"] < 4096
     # The details back the table: the memory runs really held their keys, the store was used.
     mem = doc["details"]["memory"]
@@ -113,6 +93,7 @@ def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
     data = out_png.read_bytes()
     assert data.startswith(PNG_MAGIC) and len(data) > 20_000
     assert "<svg" in out_png.with_suffix(".svg").read_text()[:2000]
+
 
 
 PEERS = {"copy", "dedup", "dedup_json", "java_copy", "java_tx_copy", "kstreams_dedup", "spark_dedup"}
