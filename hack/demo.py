@@ -247,6 +247,9 @@ class Cluster:
         home = self.workdir / "helm"
         env = {**os.environ, **{f"HELM_{k}_HOME": str(home / k.lower()) for k in ("CACHE", "CONFIG", "DATA")}}
         say("operator", "helm install eopipe charts/eopipe (CRD, RBAC, operator Deployment)")
+        # Its namespaces, made here, go after the release (a cluster's own eopipe-system stays).
+        if not self.kubectl("get", "namespace", "eopipe-system", "--ignore-not-found", "-o", "name").strip():
+            self.undo(lambda: self.kubectl("delete", "namespace", "eopipe-system", "--timeout=180s", timeout=200))
         self.kubectl("create", "namespace", NS)
         sets = [a for k, v in self.helm_values().items() for a in ("--set", f"{k}={v}")]
         helm_argv = [str(helm), "--kubeconfig", str(self.kubeconfig), "--namespace", "eopipe-system"]
