@@ -428,7 +428,7 @@ def test_spark_stage_on_pods_exactly_once(node_tier):
     # The Spark stage in status, read by the operator (a pod) from the driver pod's /progress.
     def caught_up() -> dict | None:
         proc = (kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}).get("processing")
-        return proc if proc and proc.get("lastBatchId", 0) > 0 and proc.get("lagRecords") == 0 else None
+        return proc if proc and proc.get("lastBatchId") is not None and proc.get("lagRecords") == 0 else None
     proc = wait(caught_up, 180, "status.processing: a last batch and no lag")
     log(f"status.processing: {proc}\n{kubectl('-n', ns, 'get', 'eop', name, '-o', 'wide')}")
     assert "error" not in proc and proc.get("lastBatchTime") and proc.get("processedRowsPerSecond") is not None, proc
