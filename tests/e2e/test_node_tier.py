@@ -399,42 +399,46 @@ def test_spark_stage_on_pods_exactly_once(node_tier):
     force-deleted; then verify the dedup stage and end to end, source -> Spark's Kafka sink."""
     ns, name = "payments", "payments"
     _install_operator_if_absent(node_tier)
-    _start_spark_example(ns, name, "payments.yaml")
+    try:
+        _start_spark_example(ns, name, "payments.yaml")
 
-    load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", "payments",
-                                    "--count", "24000", "--rate", "800", "--dup-ratio", "0.3",
-                                    "--poison", "10", "--seed", "15", "--quiet", "--json"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(10)
-    kubectl("-n", ns, "delete", "pod", f"{name}-spark-driver", "--wait=false")
-    log("deleted the Spark driver pod")
-    _wait_resubmitted(ns, name)
-    kubectl("-n", ns, "delete", "pod", f"{name}-dedup-1", "--grace-period=0", "--force")
-    log("deleted pod payments-dedup-1 (--grace-period=0 --force)")
-    out, err = load.communicate(timeout=300)
-    assert load.returncode == 0, err
-    log(f"load: {json.loads(out)}")
-    log(f"kubectl get pods -o wide\n{kubectl('-n', ns, 'get', 'pods', '-o', 'wide')}")
+        load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", "payments",
+                                        "--count", "24000", "--rate", "800", "--dup-ratio", "0.3",
+                                        "--poison", "10", "--seed", "15", "--quiet", "--json"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(10)
+        kubectl("-n", ns, "delete", "pod", f"{name}-spark-driver", "--wait=false")
+        log("deleted the Spark driver pod")
+        _wait_resubmitted(ns, name)
+        kubectl("-n", ns, "delete", "pod", f"{name}-dedup-1", "--grace-period=0", "--force")
+        log("deleted pod payments-dedup-1 (--grace-period=0 --force)")
+        out, err = load.communicate(timeout=300)
+        assert load.returncode == 0, err
+        log(f"load: {json.loads(out)}")
+        log(f"kubectl get pods -o wide\n{kubectl('-n', ns, 'get', 'pods', '-o', 'wide')}")
 
-    common = ["--bootstrap", BOOTSTRAP, "--source", "payments", "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
-              "--json", "--timeout", "400"]
-    for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
-                        ("end to end", ["--output", "payments-enriched", "--no-order", "--settle", "30"])):
-        res = eopipe("verify", *common, *extra)
-        log(f"eopipe verify, {what}: {res.stdout}{res.stderr}")
-        rep = json.loads(res.stdout)
-        assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
-        assert rep["unique_in"] > 15000, (what, rep)
-    # The Spark stage in status, read by the operator (a pod) from the driver pod's /progress.
-    def caught_up() -> dict | None:
-        proc = (kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}).get("processing")
-        return proc if proc and proc.get("lastBatchId") is not None and proc.get("lagRecords") == 0 else None
-    proc = wait(caught_up, 180, "status.processing: a last batch and no lag")
-    log(f"status.processing: {proc}\n{kubectl('-n', ns, 'get', 'eop', name, '-o', 'wide')}")
-    assert "error" not in proc and proc.get("lastBatchTime") and proc.get("processedRowsPerSecond") is not None, proc
-    # Its driver and executors leave the node's two cores to the next test.
-    kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s")
-    wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
+        common = ["--bootstrap", BOOTSTRAP, "--source", "payments", "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
+                  "--json", "--timeout", "400"]
+        for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
+                            ("end to end", ["--output", "payments-enriched", "--no-order", "--settle", "30"])):
+            res = eopipe("verify", *common, *extra)
+            log(f"eopipe verify, {what}: {res.stdout}{res.stderr}")
+            rep = json.loads(res.stdout)
+            assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
+            assert rep["unique_in"] > 15000, (what, rep)
+        # The Spark stage in status, read by the operator (a pod) from the driver pod's /progress.
+
+        def caught_up() -> dict | None:
+            proc = (kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}).get("processing")
+            return proc if proc and proc.get("lastBatchId") is not None and proc.get("lagRecords") == 0 else None
+        proc = wait(caught_up, 180, "status.processing: a last batch and no lag")
+        log(f"status.processing: {proc}\n{kubectl('-n', ns, 'get', 'eop', name, '-o', 'wide')}")
+        assert "error" not in proc and proc.get("lastBatchTime"), proc
+        assert proc.get("processedRowsPerSecond") is not None, proc
+    finally:  # passed or not, its driver and executors leave the node's two cores to the next test
+        kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s", check=False)
+        wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120,
+             "the Spark pods gone")
 
 
 def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
