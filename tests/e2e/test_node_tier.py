@@ -447,21 +447,9 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
     ReadWriteMany claim (the tier's `shared` class). Under resends the driver's container is
     killed mid-stream (resubmitted from the checkpoint on that claim); then the Parquet rows,
     read through Spark's reader (which honours _spark_metadata), are every click with a page,
-    each exactly once. With the Spark Operator's webhook off (`webhook.enable=false`, a helm
-    upgrade inside the tier): the driver and executor pods still carry the checkpoint claim, the
-    restricted security contexts and the env (_start_spark_example checks), because eopipe puts
-    them in the pod templates, which Spark applies itself."""
+    each exactly once."""
     ns, name = "clicks", "clicks"
     example = yaml.safe_load((REPO_ROOT / "examples" / "file-sink.yaml").read_text())
-    _install_operator_if_absent(node_tier)
-    _spark_webhook(False)
-    try:
-        _file_sink_exactly_once(node_tier, ns, name, example)
-    finally:
-        _spark_webhook(True)
-
-
-def _file_sink_exactly_once(node_tier, ns: str, name: str, example: dict) -> None:
     _start_spark_example(ns, name, "file-sink.yaml")
     pvc = kubectl_json("-n", ns, "get", "pvc", f"{name}-spark-checkpoint")
     assert pvc["status"]["accessModes"] == ["ReadWriteMany"], pvc["status"]
@@ -571,6 +559,22 @@ def _spark_webhook(enable: bool) -> None:
     hooks = kubectl("get", "mutatingwebhookconfigurations", "-o", "name")
     assert ("spark-operator" in hooks) is enable, hooks
     log(f"Spark Operator webhook {'on' if enable else 'off'} (helm upgrade, {time.monotonic() - t:.0f}s)")
+
+
+def test_spark_pods_keep_the_spec_with_the_webhook_off(node_tier):
+    """With the Spark Operator's webhook off (`webhook.enable=false`), examples/payments.yaml's
+    driver and executor pods still carry the checkpoint claim, the restricted security contexts
+    and the env: eopipe puts them in the pod templates, which Spark applies itself."""
+    ns, name = "payments-nowebhook", "payments"
+    _install_operator_if_absent(node_tier)
+    _spark_webhook(False)
+    try:
+        _start_spark_example(ns, name, "payments.yaml")
+        kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s")
+        wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120,
+             "the Spark pods gone")
+    finally:
+        _spark_webhook(True)
 
 
 def _read_parquet_in_a_pod(image: str, ns: str, claim: str, example: dict) -> list[list]:
