@@ -173,11 +173,14 @@ class Soak:
         raise AssertionError(f"no progress {timeout}s after healing; " + "; ".join(
             w.tail() for w in self.workers.values()))
 
-    def run(self, seconds: float, load_running) -> None:
+    def run(self, seconds: float, load_running, classes: int = 0) -> None:
+        """Faults for `seconds`, then on until `classes` fault classes have run (slow broker
+        restarts can fill the time), for at most twice as long again."""
         end = time.monotonic() + seconds
         t0 = time.monotonic()
         bag: list[str] = []
-        while time.monotonic() < end:
+        while time.monotonic() < end or (len({r["fault"] for r in self.rows}) < classes
+                                         and time.monotonic() < end + 2 * seconds):
             time.sleep(self.rng.uniform(2, 6))
             if not bag:  # every class once per round, in a random order
                 bag = self.rng.sample(self.FAULTS, len(self.FAULTS))
@@ -219,7 +222,7 @@ def test_randomized_nemesis_ends_with_zero_lost_and_zero_duplicated(kafka3, tmp_
         soak.start()
         rate = 300
         t, res = background_load(pipe, int(rate * seconds), dup_ratio=0.2, rate=rate, seed=seed)
-        soak.run(seconds, load_running=t.is_alive)
+        soak.run(seconds, load_running=t.is_alive, classes=8 if seconds >= 180 else 0)
         kafka3.ensure_all_running()
         stats = finish_load(t, res, timeout=seconds + 300)
         pipe.wait_drained(timeout=300)
@@ -239,6 +242,6 @@ def test_randomized_nemesis_ends_with_zero_lost_and_zero_duplicated(kafka3, tmp_
     assert soak.rows, "the nemesis injected no fault"
     if seconds >= 180:  # a round of every class takes about 90 s
         classes = {r["fault"] for r in soak.rows}
-        assert len(classes) >= 8, f"only {sorted(classes)} in {seconds:.0f}s"
+        assert len(classes) >= 8, f"only {sorted(classes)} in {seconds:.0f}s and twice as long again"
     assert_clean(rep)
     assert all(code == 0 for code in soak.exits.values()), f"exit statuses after SIGTERM: {soak.exits}"
