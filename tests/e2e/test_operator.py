@@ -316,7 +316,7 @@ def test_unreachable_kafka_never_wedges_deletion(operator, kube_api, k8s_namespa
     # As if an earlier pass had created a topic (Kafka reachable then): there is something to delete.
     owned = dlq_topic(ns, "minimal")
     client.CustomObjectsApi(kube_api).patch_namespaced_custom_object_status(
-        "eopipe.dev", "v1alpha1", ns, "exactlyoncepipelines", "minimal", {"status": {"ownedTopics": [owned]}})
+        "eopipe.dev", "v1beta1", ns, "exactlyoncepipelines", "minimal", {"status": {"ownedTopics": [owned]}})
     kubectl(cp, "delete", "eop", "minimal", "-n", ns, "--timeout=150s")
     events = client.CoreV1Api(kube_api).list_namespaced_event(
         ns, field_selector="involvedObject.name=minimal").items

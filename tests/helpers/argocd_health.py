@@ -43,7 +43,7 @@ REBALANCE = {"phase": "Handoff", "generation": 4, "moving": [2, 3]}
 
 def pipeline(stages=None, *, generation=1, observed=1, paused=False, stalled=None, rebalancing=None,
              extra_status=None, status=True) -> dict:
-    obj = {"apiVersion": "eopipe.dev/v1alpha1", "kind": "ExactlyOncePipeline",
+    obj = {"apiVersion": "eopipe.dev/v1beta1", "kind": "ExactlyOncePipeline",
            "metadata": {"name": "p", "namespace": "ns", "generation": generation},
            "spec": {"kafka": {"bootstrapServers": "k:9092"}, "source": {"topic": "t", "partitions": 4},
                     **({"paused": True} if paused else {})}}

@@ -497,7 +497,7 @@ def k8s_json_schemas(crds, tmp_path_factory) -> str:
 
         # The API server publishes a new CRD's OpenAPI a moment after it is Established.
         deadline = time.monotonic() + 60
-        while "apis/eopipe.dev/v1alpha1" not in (index := get("/openapi/v3")["paths"]) \
+        while not {"apis/eopipe.dev/v1beta1", "apis/eopipe.dev/v1alpha1"} <= set(index := get("/openapi/v3")["paths"]) \
                 and time.monotonic() < deadline:
             time.sleep(0.5)
         docs = [get("/openapi/v3/" + p) for p in sorted(index) if wanted(p)]
@@ -506,7 +506,8 @@ def k8s_json_schemas(crds, tmp_path_factory) -> str:
     dest = tmp_path_factory.mktemp("k8s-json-schemas")
     written = openapi_to_json_schemas(docs, dest)
     for gvk in ("apps/v1/Deployment", "/v1/Service", "rbac.authorization.k8s.io/v1/Role",
-                "eopipe.dev/v1alpha1/ExactlyOncePipeline", "apiextensions.k8s.io/v1/CustomResourceDefinition"):
+                "eopipe.dev/v1beta1/ExactlyOncePipeline", "eopipe.dev/v1alpha1/ExactlyOncePipeline",
+                "apiextensions.k8s.io/v1/CustomResourceDefinition"):
         assert gvk in written, sorted(written)
     return str(dest / "{{ .ResourceKind }}{{ .KindSuffix }}.json")
 
@@ -538,8 +539,9 @@ def test_kubeconform_strict_catches_mistakes(tools, k8s_json_schemas):
          "spec": {"replicas": 1, "selector": {"matchLabels": {"a": "b"}}, "templat": {}}},
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"},
          "spec": {"ports": [{"port": "http"}]}},
-        {"apiVersion": "eopipe.dev/v1alpha1", "kind": "ExactlyOncePipeline", "metadata": {"name": "x"},
-         "spec": {"kafka": {"bootstrapServers": "k:9092"}, "source": {"topic": "t", "partitions": "many"}}},
+        *({"apiVersion": f"eopipe.dev/{version}", "kind": "ExactlyOncePipeline", "metadata": {"name": "x"},
+           "spec": {"kafka": {"bootstrapServers": "k:9092"}, "source": {"topic": "t", "partitions": "many"}}}
+          for version in ("v1beta1", "v1alpha1")),  # the deprecated version is checked as strictly
     ]
     for doc in bad:
         res = kubeconform(tools, k8s_json_schemas, yaml.safe_dump(doc))

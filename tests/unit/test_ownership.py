@@ -11,7 +11,7 @@ OURS = {"eopipe.dev/pipeline": "x", "app.kubernetes.io/managed-by": "eopipe-oper
 
 
 def ref(uid: str, controller: bool | None = True, kind: str = "ExactlyOncePipeline") -> dict:
-    r = {"apiVersion": "eopipe.dev/v1alpha1", "kind": kind, "name": "x", "uid": uid}
+    r = {"apiVersion": "eopipe.dev/v1beta1", "kind": kind, "name": "x", "uid": uid}
     return r if controller is None else {**r, "controller": controller}
 
 

@@ -190,7 +190,7 @@ def implied() -> set[tuple[str, str, str]]:
                     for r in rule["resources"] for v in rule["verbs"]}
         if obj["kind"] == "RoleBinding" and obj["roleRef"]["kind"] == "ClusterRole":
             out.add(("rbac.authorization.k8s.io", "clusterroles", "bind"))
-    ref = owner_reference({"apiVersion": "eopipe.dev/v1alpha1", "kind": "ExactlyOncePipeline",
+    ref = owner_reference({"apiVersion": "eopipe.dev/v1beta1", "kind": "ExactlyOncePipeline",
                            "metadata": {"name": "p", "uid": "u"}})
     if ref["blockOwnerDeletion"]:
         out.add(("eopipe.dev", "exactlyoncepipelines/finalizers", "update"))

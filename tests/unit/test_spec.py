@@ -79,6 +79,20 @@ def test_parse_duration():
         parse_duration("1 day")
 
 
+def test_crd_stores_v1beta1_and_serves_v1alpha1_deprecated_with_the_same_schema():
+    """Conversion strategy None is right only while every served version has the same schema:
+    the API server then converts by rewriting apiVersion alone."""
+    c = crd.crd()
+    versions = {v["name"]: v for v in c["spec"]["versions"]}
+    assert c["spec"]["conversion"] == {"strategy": "None"}
+    assert [(n, v["served"], v["storage"], v.get("deprecated", False)) for n, v in versions.items()] == \
+        [("v1beta1", True, True, False), ("v1alpha1", True, False, True)]
+    assert "use eopipe.dev/v1beta1" in versions["v1alpha1"]["deprecationWarning"]
+    same = {k: v for k, v in versions["v1alpha1"].items() if k not in ("name", "storage", "deprecated",
+                                                                      "deprecationWarning")}
+    assert same == {k: v for k, v in versions["v1beta1"].items() if k not in ("name", "storage")}
+
+
 def test_crd_schema_is_structural():
     def walk(node, path="spec"):
         assert "$ref" not in node and "anyOf" not in node, path

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Lines 1-10; a case adds lines from 11 on (`dedup:` is line 11, its first field line 12).
 BASE = """\
-apiVersion: eopipe.dev/v1alpha1
+apiVersion: eopipe.dev/v1beta1
 kind: ExactlyOncePipeline
 metadata:
   name: p
@@ -58,23 +58,23 @@ PROCESSING = BASE + """\
 CASES = [
     # The kind: a typo or another kind in eopipe's API group is a mistake, not "skipped".
     ("kind-typo", "cli", BASE.replace("kind: ExactlyOncePipeline", "kind: ExactlyOncePipline"),
-     ['{f}:2: ExactlyOncePipline/p: no matches for kind "ExactlyOncePipline" in version "eopipe.dev/v1alpha1": '
+     ['{f}:2: ExactlyOncePipline/p: no matches for kind "ExactlyOncePipline" in version "eopipe.dev/v1beta1": '
       "did you mean ExactlyOncePipeline?"]),
     ("kind-other-in-group", "fn", BASE.replace("kind: ExactlyOncePipeline", "kind: Pipeline"),
-     ['{f}:2: Pipeline/p: no matches for kind "Pipeline" in version "eopipe.dev/v1alpha1": '
+     ['{f}:2: Pipeline/p: no matches for kind "Pipeline" in version "eopipe.dev/v1beta1": '
       "did you mean ExactlyOncePipeline?"]),
     ("kind-lowercase-wrong-group", "fn",
-     BASE.replace("eopipe.dev/v1alpha1", "eopipe.io/v1").replace("kind: ExactlyOncePipeline",
+     BASE.replace("eopipe.dev/v1beta1", "eopipe.io/v1").replace("kind: ExactlyOncePipeline",
                                                                  "kind: exactlyoncepipeline"),
      ['{f}:2: exactlyoncepipeline/p: no matches for kind "exactlyoncepipeline" in version "eopipe.io/v1": '
-      "did you mean ExactlyOncePipeline (apiVersion eopipe.dev/v1alpha1)?"]),
+      "did you mean ExactlyOncePipeline (apiVersion eopipe.dev/v1beta1)?"]),
     ("kind-missing", "fn", BASE.replace("kind: ExactlyOncePipeline\n", ""),
      ["{f}:1: (no kind)/p: Object 'Kind' is missing: did you mean ExactlyOncePipeline?"]),
-    ("version-wrong", "fn", BASE.replace("v1alpha1", "v1"),
+    ("version-wrong", "fn", BASE.replace("v1beta1", "v1"),
      [at(1, 'no matches for kind "ExactlyOncePipeline" in version "eopipe.dev/v1"')]),
     # A file that checks nothing: empty, only comments, or no pipeline in it.
     ("empty", "cli", "", ["{f}: no ExactlyOncePipeline in it"]),
-    ("comments-only", "fn", "# apiVersion: eopipe.dev/v1alpha1\n---\n", ["{f}: no ExactlyOncePipeline in it"]),
+    ("comments-only", "fn", "# apiVersion: eopipe.dev/v1beta1\n---\n", ["{f}: no ExactlyOncePipeline in it"]),
     ("no-pipeline", "fn", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n",
      ["{f}: ConfigMap/c: skipped, not an ExactlyOncePipeline", "{f}: no ExactlyOncePipeline in it"]),
     # The dedup window: above 0 and within the source's retention.
@@ -166,9 +166,11 @@ def test_the_table_is_broad():
 
 
 def test_the_base_manifest_is_valid(tmp_path):
-    """Every case above is one mistake away from a valid manifest."""
+    """Every case above is one mistake away from a valid manifest; the deprecated API version,
+    still served with the same schema, is valid too."""
     f = tmp_path / "pipeline.yaml"
-    for text in (BASE, dedup("window: 1h", "key: {from: jsonField, name: id}"),
+    for text in (BASE, BASE.replace("eopipe.dev/v1beta1", "eopipe.dev/v1alpha1"),
+                 dedup("window: 1h", "key: {from: jsonField, name: id}"),
                  PROCESSING.replace("    serviceAccount: admin\n", "")):
         f.write_text(text)
         assert run_validate(f) == (0, f"{f}: ExactlyOncePipeline/p: valid\n")

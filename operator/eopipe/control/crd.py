@@ -74,49 +74,63 @@ def crd() -> dict:
             "names": {"kind": spec.KIND, "listKind": f"{spec.KIND}List", "plural": spec.PLURAL,
                       "singular": spec.KIND.lower(), "shortNames": ["eop", "eopipe"],
                       "categories": ["eopipe"]},
-            "versions": [{
-                "name": spec.VERSION,
-                "served": True,
-                "storage": True,
-                # The scale subresource: `kubectl scale`, an HPA or KEDA drive the dedup pods;
-                # the operator moves partitions live, as for an edit of spec.dedup.replicas.
-                "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.dedup.replicas",
-                                                         "statusReplicasPath": ".status.replicas",
-                                                         "labelSelectorPath": ".status.selector"}},
-                "additionalPrinterColumns": [
-                    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                    {"name": "Ready", "type": "string", "jsonPath": _condition_column("Ready")},
-                    {"name": "Partitions", "type": "integer", "jsonPath": ".spec.source.partitions"},
-                    # What runs (status): with spec.dedup.autoscale the spec's count is only the start.
-                    {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas",
-                     "description": "dedup pods (the StatefulSet's replicas)"},
-                    {"name": "Lag", "type": "integer", "jsonPath": ".status.lag.dedup",
-                     "description": "source records the dedup stage has not committed yet"},
-                    # The Spark stage as its driver reports it (status.processing); -o wide.
-                    {"name": "Batch", "type": "integer", "jsonPath": ".status.processing.lastBatchId",
-                     "priority": 1, "description": "the Spark query's last finished micro-batch"},
-                    {"name": "Spark Lag", "type": "integer", "jsonPath": ".status.processing.lagRecords",
-                     "priority": 1, "description": "deduped records the Spark stage has not read yet"},
-                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                ],
-                "schema": {"openAPIV3Schema": {
-                    "type": "object",
-                    "description": "An exactly-once Kafka -> dedup -> Spark pipeline.",
-                    "required": ["spec"],
-                    # Rules on the whole object: the only place a rule can read metadata.name.
-                    "x-kubernetes-validations": copy.deepcopy(manifest.ROOT_RULES),
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "spec": spec_schema(),
-                        # Written only by the operator; kept open so older operators never
-                        # lose fields that newer ones add.
-                        "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                    },
-                }},
-            }],
+            # Identical schemas, so the API server converts by rewriting apiVersion alone (the
+            # default, stated): no conversion webhook to run or to be down.
+            "conversion": {"strategy": "None"},
+            "versions": [version(spec.VERSION), *(version(v, deprecated=True) for v in spec.DEPRECATED_VERSIONS)],
         },
+    }
+
+
+def deprecation_warning(name: str) -> str:
+    return f"{spec.GROUP}/{name} {spec.KIND} is deprecated; use {spec.GROUP}/{spec.VERSION}"
+
+
+def version(name: str, *, deprecated: bool = False) -> dict:
+    """One served version; only the current one is stored. A deprecated one makes the API server
+    add a warning to each answer (kubectl prints it)."""
+    return {
+        "name": name,
+        "served": True,
+        "storage": not deprecated,
+        **({"deprecated": True, "deprecationWarning": deprecation_warning(name)} if deprecated else {}),
+        # The scale subresource: `kubectl scale`, an HPA or KEDA drive the dedup pods;
+        # the operator moves partitions live, as for an edit of spec.dedup.replicas.
+        "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.dedup.replicas",
+                                                 "statusReplicasPath": ".status.replicas",
+                                                 "labelSelectorPath": ".status.selector"}},
+        "additionalPrinterColumns": [
+            {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+            {"name": "Ready", "type": "string", "jsonPath": _condition_column("Ready")},
+            {"name": "Partitions", "type": "integer", "jsonPath": ".spec.source.partitions"},
+            # What runs (status): with spec.dedup.autoscale the spec's count is only the start.
+            {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas",
+             "description": "dedup pods (the StatefulSet's replicas)"},
+            {"name": "Lag", "type": "integer", "jsonPath": ".status.lag.dedup",
+             "description": "source records the dedup stage has not committed yet"},
+            # The Spark stage as its driver reports it (status.processing); -o wide.
+            {"name": "Batch", "type": "integer", "jsonPath": ".status.processing.lastBatchId",
+             "priority": 1, "description": "the Spark query's last finished micro-batch"},
+            {"name": "Spark Lag", "type": "integer", "jsonPath": ".status.processing.lagRecords",
+             "priority": 1, "description": "deduped records the Spark stage has not read yet"},
+            {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        ],
+        "schema": {"openAPIV3Schema": {
+            "type": "object",
+            "description": "An exactly-once Kafka -> dedup -> Spark pipeline.",
+            "required": ["spec"],
+            # Rules on the whole object: the only place a rule can read metadata.name.
+            "x-kubernetes-validations": copy.deepcopy(manifest.ROOT_RULES),
+            "properties": {
+                "apiVersion": {"type": "string"},
+                "kind": {"type": "string"},
+                "metadata": {"type": "object"},
+                "spec": spec_schema(),
+                # Written only by the operator; kept open so older operators never
+                # lose fields that newer ones add.
+                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            },
+        }},
     }
 
 

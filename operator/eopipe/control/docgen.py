@@ -17,7 +17,7 @@ HEADER = """<!-- Generated from eopipe.core.spec by `python -m eopipe.control.do
 
 | | |
 |---|---|
-| API version | `{group}/{version}` |
+| API version | `{group}/{version}` (stored); also served, deprecated, with the same schema: {deprecated} |
 | kind | `{kind}` (namespaced) |
 | plural, short names | `{plural}`, {short} |
 | CRD | `crds/{plural}.{group}.yaml` (also in the Helm chart's `crds/`) |
@@ -165,6 +165,7 @@ def render() -> str:
     wide = [col["name"] for col in cols if col.get("priority")]
     columns += f"; `-o wide` adds {', '.join(wide)}" if wide else ""
     out = [HEADER.format(group=spec.GROUP, version=spec.VERSION, kind=spec.KIND, plural=spec.PLURAL,
+                         deprecated=", ".join(f"`{spec.GROUP}/{v}`" for v in spec.DEPRECATED_VERSIONS),
                          short=", ".join(f"`{s}`" for s in c["spec"]["names"]["shortNames"]),
                          columns=columns)]
     lines = ["## `metadata.name`", "", "A DNS-1123 subdomain, as for every object, and more: the pipeline's "

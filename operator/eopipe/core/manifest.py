@@ -18,9 +18,11 @@ from pydantic import ValidationError
 from eopipe.core.durations import DURATION_PATTERN
 from eopipe.core.keys import KeySpec
 from eopipe.core.names import MAX_PIPELINE_NAME
-from eopipe.core.spec import GROUP, KIND, VERSION, PipelineSpec
+from eopipe.core.spec import DEPRECATED_VERSIONS, GROUP, KIND, VERSION, PipelineSpec
 
 API_VERSION = f"{GROUP}/{VERSION}"
+# Every served version: the schemas are the same, so a manifest of any of them is checked alike.
+API_VERSIONS = (API_VERSION, *(f"{GROUP}/{v}" for v in DEPRECATED_VERSIONS))
 TOP_LEVEL = {"apiVersion", "kind", "metadata", "spec", "status"}
 DNS1123_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
 DNS1035_LABEL = r"[a-z](?:[-a-z0-9]*[a-z0-9])?"
@@ -97,7 +99,7 @@ def kind_problem(doc) -> Problem | None:
 
 def parse(doc: dict) -> Pipeline:
     """The pipeline of a manifest, or Invalid with what the API server would say."""
-    if doc.get("apiVersion") != API_VERSION:
+    if doc.get("apiVersion") not in API_VERSIONS:
         raise Invalid([Problem(f'no matches for kind "{KIND}" in version "{doc.get("apiVersion")}"',
                                ("apiVersion",))])
     unknown = [Problem(f'unknown field "{k}"', (k,)) for k in doc if k not in TOP_LEVEL]

@@ -31,7 +31,11 @@ from eopipe.core.specbase import (  # noqa: F401
 )
 
 GROUP = "eopipe.dev"
-VERSION = "v1alpha1"
+# The stored version, which the operator watches and writes. The versions before it are still
+# served, deprecated, with the same schema: the API server converts by changing apiVersion alone
+# (conversion strategy None; docs/design.md, "API versions").
+VERSION = "v1beta1"
+DEPRECATED_VERSIONS = ("v1alpha1",)
 KIND = "ExactlyOncePipeline"
 PLURAL = "exactlyoncepipelines"
 RESOURCE = (GROUP, VERSION, PLURAL)  # how kopf and the custom objects API name it
