@@ -29,12 +29,7 @@ for artifact in kafka-clients commons-pool2 scala-parallel-collections_2.13; do
   fi
 done
 rm -rf "$dest.tmp/pom"
-shopt -s nullglob
-for jar in "$dest.tmp/jars"/*.jar; do
-  artifact="$(basename "$jar" | sed -E 's/-[0-9][^-]*(-[A-Za-z0-9.]+)?\.jar$//')"
-  shipped=("$pyspark_jars/$artifact"-[0-9]*.jar)
-  if (( ${#shipped[@]} )); then rm "$jar"; fi
-done
+drop_shipped "$dest.tmp/jars" "$pyspark_jars"
 mark_complete "$dest"
 note "spark-sql-kafka $SPARK_VERSION: $(ls "$dest/jars" | tr '\n' ' ')"
 echo "$dest/jars"

@@ -24,4 +24,16 @@ maven_runtime_deps() {
   local pom="$1" out="$2"; shift 2
   mvn -B -q -f "$pom" "$@" dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$out" >&2
 }
+# drop_shipped DIR PYSPARK_JARS: removes from DIR the jars whose artifact pyspark already ships
+# (any version), so Spark never sees two versions of one library.
+drop_shipped() {
+  local jar artifact shipped
+  for jar in "$1"/*.jar; do
+    [[ -e "$jar" ]] || continue
+    artifact="$(basename "$jar" | sed -E 's/-[0-9][^-]*(-[A-Za-z0-9.]+)?\.jar$//')"
+    shipped=("$2/$artifact"-[0-9]*.jar)
+    [[ -e "${shipped[0]:-}" ]] && rm "$jar"
+  done
+  return 0
+}
 mark_complete() { rm -rf "$1" && mv "$1.tmp" "$1" && touch "$1/.complete"; }

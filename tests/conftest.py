@@ -10,6 +10,7 @@ pytest_plugins = [
     "localenv.fixtures_agent",
     "localenv.fixtures_operator",
     "localenv.fixtures_spark",
+    "localenv.fixtures_objectstore",
 ]
 
 
