@@ -24,6 +24,7 @@ SHELLS = {"sh", "bash", "shell", "console", "zsh"}
 RUN = {
     ("docs/install.md", "## Helm"): "tests/e2e/test_node_tier.py",
     ("docs/install.md", "## kubectl (without a Helm release)"): "tests/integration/test_install_doc.py",
+    ("docs/install.md", "## Upgrading the API version"): "tests/integration/test_api_versions.py",
     ("docs/operations.md", "## Checking manifests before they are applied"): "tests/unit/test_doc_blocks.py",
 }
 DOCS = ["README.md", "charts/eopipe/README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
