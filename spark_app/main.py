@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -36,6 +37,7 @@ if not __package__:  # run as a file by spark-submit: make `spark_app` importabl
 
 from spark_app.config import META_COLUMNS, Config, ConfigError, FileSink, KafkaSink, load  # noqa: E402
 from spark_app.progress import PORT_LINE, Progress, listen, serve  # noqa: E402
+from spark_app.sink_units import UnsupportedPlan  # noqa: E402
 
 RUNNING_LINE = "eopipe-spark: streaming query running"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -66,6 +68,13 @@ def _analysis_error(e: BaseException) -> bool:
     from pyspark.errors import AnalysisException
 
     return isinstance(e, AnalysisException)
+
+
+def _refused_plan(error: str) -> str | None:
+    """The exactly-once sink's reason for refusing the query's plan, from Spark's wrapping of
+    the foreachBatch error, or None."""
+    m = re.search(rf"{UnsupportedPlan.__name__}: (.+)", error)
+    return m.group(1).strip() if m else None
 
 
 def _jars_from_env() -> str | None:
@@ -306,6 +315,9 @@ def run(cfg: Config) -> int:
             return 0
     exc = query.exception()
     if exc is not None:
+        refused = _refused_plan(str(exc))
+        if refused:  # the SQL's plan, not a fault: the same SQL fails the same way on a restart
+            raise ConfigError([f"sql: {refused}"])
         log(f"query failed: {exc}")
         write_termination_log(f"query failed: {exc}")
         return 1

@@ -1,23 +1,24 @@
 """Exactly-once Kafka sink for Structured Streaming, through foreachBatch.
 
 Spark's built-in Kafka sink is at-least-once: a micro-batch that is re-run after a driver
-crash writes its rows again. This sink makes every (batch, task) an idempotent unit:
+crash writes its rows again. This sink makes every (batch, unit) idempotent, where a unit
+names the rows one task writes (sink_units.py): `src-<p>` for a task that reads source
+partition p straight from the scan, `task-<i>` for task i of a plan that shuffles by key.
 
-* Each task `i` of micro-batch `B` owns a transactional producer with
-  `transactional.id = eopipe.<namespace>.<pipeline>.spark.<i>`. In ONE Kafka transaction it
-  writes the task's rows to the sink topic and a marker `task-<i> -> {batch: B, query: Q}` to
-  the pipeline's compacted commit topic. Either both are visible to read_committed readers or
-  neither is.
+* Each unit `u` of micro-batch `B` is written by a transactional producer with
+  `transactional.id = eopipe.<namespace>.<pipeline>.spark.<u's suffix>`. In ONE Kafka
+  transaction it writes the task's rows to the sink topic and a marker
+  `u -> {batch: B, query: Q, source ranges}` to the pipeline's compacted commit topic. Either
+  both are visible to read_committed readers or neither is.
 * Every task run creates its producer and calls init_transactions(), which fences every
   older producer with the same transactional.id (an earlier attempt, a zombie of a previous
   driver) and completes or aborts its open transaction. A task that cannot rule out an
-  earlier writer of (B, i) -- a retry, or the first batch a driver runs, which may be a
+  earlier writer of (B, u) -- a retry, or the first batch a driver runs, which may be a
   replay -- then reads its marker (read_committed; after the init it is final). If the marker
-  already holds B for the same streaming query, the task's rows are in the sink already and
+  already holds B for the same streaming query, the unit's rows are in the sink already and
   it writes nothing.
 
-Why a replayed micro-batch has the same task partitioning, so that "task i of batch B" names
-the same rows in both runs:
+Why a unit of a replayed micro-batch holds the same rows as in the batch's first run:
   1. Spark writes the offset range of batch B (per Kafka partition: from, until) to the
      checkpoint's offset log BEFORE running B, and marks B done in the commit log only AFTER
      foreachBatch returned. A driver that restarts re-runs the last batch that has offsets but
@@ -25,19 +26,22 @@ the same rows in both runs:
      With isolation.level=read_committed the records inside a logged range are fixed too:
      the range ends at or below the last stable offset, so every transaction in it had
      already committed or aborted when the range was chosen.
-  2. The Kafka source turns the logged ranges into input partitions deterministically: one
-     Spark partition per Kafka topic-partition range with data (we never set minPartitions,
-     and even its splitting is a pure function of the ranges), in an order derived from the
-     logged offsets alone.
+  2. The Kafka source turns the logged ranges into input partitions: one per topic-partition
+     range with data (we never set minPartitions; its splitting is a pure function of the
+     ranges). Their ORDER is not fixed: for up to four partitions it follows the order the
+     offsets were read in, which differs between the first run and a replay. Hence units are
+     named by the source range a task reads, not by its index, where the plan is narrow.
   3. The transform is a deterministic plan over those partitions: a stateless query keeps the
      source partitioning; a stateful one hash-partitions into spark.sql.shuffle.partitions,
-     which Spark pins in the checkpoint, reads state store version B-1 and uses the watermark
-     and batch timestamp logged with B. Adaptive query execution, which could coalesce
-     partitions based on runtime statistics, is switched off by main.py. Even a
+     which Spark pins in the checkpoint, so shuffle partition i holds the same keys whatever
+     the order of the map tasks; it reads state store version B-1 and uses the watermark and
+     batch timestamp logged with B. Adaptive query execution, which could coalesce partitions
+     based on runtime statistics, is switched off by main.py. A plan whose tasks depend on the
+     scan's order without a hash shuffle (round robin, range, coalesce) is refused. Even a
      non-deterministic expression (rand(), uuid()) changes only values, not which input
-     records task i covers, so each input record still reaches the sink exactly once.
-So the rows of task i in a replay of B are the rows of task i in the first run of B, and
-skipping a task whose marker holds B loses nothing and duplicates nothing.
+     records a unit covers, so each input record still reaches the sink exactly once.
+So the rows of unit u in a replay of B are its rows in the first run of B, and skipping a
+unit whose marker holds B loses nothing and duplicates nothing.
 
 Task retries (attempt > 0) inside one driver run (an executor lost, a broker restart making
 a transaction fail, speculative copies) are handled the same way: the retry's producer fences
@@ -62,7 +66,8 @@ from typing import Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-MARKER_KEY_PREFIX = "task-"
+from spark_app.sink_units import Unit, decide, observe
+
 # Fault-test hook only: seconds to sleep between writing a task's rows and committing, so a
 # SIGKILL lands inside an open transaction. Never set in production.
 COMMIT_DELAY_ENV = "EOPIPE_SPARK_TEST_COMMIT_DELAY"
@@ -82,8 +87,8 @@ class SinkParams:
     transactional_id_prefix: str
     client_config: dict  # librdkafka settings incl. bootstrap.servers and credentials
 
-    def transactional_id(self, task: int) -> str:
-        return f"{self.transactional_id_prefix}.{task}"
+    def transactional_id(self, unit: Unit) -> str:
+        return f"{self.transactional_id_prefix}.{unit.txn_suffix}"
 
 
 @dataclass
@@ -92,9 +97,12 @@ class Marker:
     batch: int
     query: str | None
 
-    def encode(self, attempt: int, rows: int) -> bytes:
+    def encode(self, unit: Unit, attempt: int, rows: int) -> bytes:
+        # The source ranges the unit's rows came from: what a query that lost its checkpoint
+        # needs to know where the sink stands.
         return json.dumps({"task": self.task, "batch": self.batch, "query": self.query,
-                           "attempt": attempt, "rows": rows,
+                           "attempt": attempt, "rows": rows, "unit": unit.marker_key,
+                           "source": [r.as_json() for r in unit.ranges],
                            "committed_at_ms": int(time.time() * 1000)}).encode()
 
     @classmethod
@@ -105,8 +113,8 @@ class Marker:
 
 # ---------------------------------------------------------------------------- executor side
 
-def _new_producer(params: SinkParams, task: int) -> Producer:
-    """A transactional producer for task `task`, initialised: init_transactions() fences every
+def _new_producer(params: SinkParams, unit: Unit) -> Producer:
+    """A transactional producer for `unit`, initialised: init_transactions() fences every
     older producer with this transactional.id (an earlier attempt, a zombie of a previous
     driver) and completes or aborts its open transaction.
 
@@ -115,7 +123,7 @@ def _new_producer(params: SinkParams, task: int) -> Producer:
     on every move and fail the next batch there."""
     p = Producer({
         **params.client_config,
-        "transactional.id": params.transactional_id(task),
+        "transactional.id": params.transactional_id(unit),
         # Java clients' default partitioner, so keyed output lands where Java expects it.
         "partitioner": "murmur2_random",
         "linger.ms": 5,
@@ -139,27 +147,27 @@ def _log(msg: str) -> None:
     print(f"eopipe-spark-sink: {msg}", file=sys.stderr, flush=True)
 
 
-def _commit_partition(params: SinkParams, task: int, producer: Producer) -> int:
+def _commit_partitions(params: SinkParams, producer: Producer) -> int:
     n = _COMMIT_PARTITIONS.get(params.commit_topic)
     if n is None:
         md = producer.list_topics(params.commit_topic, timeout=TIMEOUT_S).topics[params.commit_topic]
         if md.error is not None or not md.partitions:
             raise RuntimeError(f"commit topic {params.commit_topic!r}: {md.error or 'no partitions'}")
         n = _COMMIT_PARTITIONS[params.commit_topic] = len(md.partitions)
-    return task % n
+    return n
 
 
-def read_marker(params: SinkParams, task: int, partition: int, timeout: float = TIMEOUT_S,
+def read_marker(params: SinkParams, marker_key: str, partition: int, timeout: float = TIMEOUT_S,
                 window: int = 2000) -> Marker | None:
-    """The last committed marker of `task`, or None.
+    """The last committed marker under `marker_key`, or None.
 
     Reads the tail of the commit topic partition with read_committed, up to the high
     watermark taken now (every transaction of ours is complete, so our last marker is below
     it; another task's open transaction may hold the stable offset back a little, so we wait
     for it rather than stopping early). The window doubles backwards until the key is found
     or the start is reached; compaction keeps the topic short."""
-    key = f"{MARKER_KEY_PREFIX}{task}".encode()
-    group = f"{params.transactional_id(task)}.marker"
+    key = marker_key.encode()
+    group = f"{params.transactional_id_prefix}.{marker_key}.marker"
     hw_probe = Consumer({**params.client_config, "group.id": group,
                          "isolation.level": "read_uncommitted", "enable.auto.commit": False})
     try:
@@ -210,12 +218,13 @@ def read_marker(params: SinkParams, task: int, partition: int, timeout: float = 
 
 
 def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
-                    rows: Iterable) -> None:
+                    units: list[Unit], rows: Iterable) -> None:
     """Runs in a Spark task: rows are (key, value) pairs of str/bytes/None."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
     task, attempt = ctx.partitionId(), ctx.attemptNumber()
+    unit = units[task]
     # Spark sets the query's id (stable across restarts from one checkpoint) as a local
     # property of every job of the query; it reaches the tasks.
     query = ctx.getLocalProperty("sql.streaming.queryId")
@@ -225,29 +234,34 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
         return  # nothing to write; an empty task needs no marker
 
     t0 = time.monotonic()
-    producer = _new_producer(params, task)
+    producer = _new_producer(params, unit)
     t_init = time.monotonic() - t0
-    partition = _commit_partition(params, task, producer)
+    commit_partitions = _commit_partitions(params, producer)
+    partition = unit.slot % commit_partitions
 
-    # Could an earlier writer have committed (B, i)? Only two cases:
+    # Could an earlier writer have committed (B, unit)? Only two cases:
     # * a retry (attempt > 0, including speculative copies): attempt 0 may have committed
     #   and then failed to report success;
     # * the first batch this driver runs: it may be the replay of a batch that a previous
     #   driver (crashed, or a zombie still running) wrote before Spark's commit log said so.
     # Any later batch N of this run was planned by this driver, which won the atomic write of
     # offsets/N in the checkpoint (a second driver on the same checkpoint fails there and
-    # never runs N), and attempt 0 is the first writer of (N, i) in this run.
+    # never runs N), and attempt 0 is the first writer of (N, unit) in this run.
     if attempt > 0 or batch_id <= first_batch_of_run:
-        marker = read_marker(params, task, partition)
+        marker = read_marker(params, unit.marker_key, partition)
+        if marker is None and unit.legacy_key:
+            # Written by a sink that named units by task index (before an upgrade): what it
+            # says for this index is what that sink would have skipped on.
+            marker = read_marker(params, unit.legacy_key, unit.task % commit_partitions)
         if marker is not None and marker.query == query:
             if marker.batch > batch_id:
                 raise InconsistentCheckpoint(
-                    f"commit topic {params.commit_topic} says task {task} committed batch "
+                    f"commit topic {params.commit_topic} says {unit.marker_key} committed batch "
                     f"{marker.batch}, but the checkpoint is at batch {batch_id}: the checkpoint "
                     "was restored from an older copy; refusing to write duplicates")
             if marker.batch == batch_id:
-                _log(f"batch {batch_id} task {task} attempt {attempt}: replay, marker holds "
-                     f"this batch, skipped")
+                _log(f"batch {batch_id} task {task} ({unit.marker_key}) attempt {attempt}: replay, "
+                     "marker holds this batch, skipped")
                 return
 
     try:
@@ -263,15 +277,15 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
             n += 1
             if n % 10000 == 0:
                 producer.poll(0)
-        producer.produce(params.commit_topic, key=f"{MARKER_KEY_PREFIX}{task}".encode(),
-                         value=Marker(task, batch_id, query).encode(attempt, n), partition=partition)
+        producer.produce(params.commit_topic, key=unit.marker_key.encode(),
+                         value=Marker(task, batch_id, query).encode(unit, attempt, n), partition=partition)
         delay = float(os.environ.get(COMMIT_DELAY_ENV) or 0)
         if delay:
             producer.flush(TIMEOUT_S)
             time.sleep(delay)
         _commit(producer)
         if _DEBUG:
-            _log(f"batch {batch_id} task {task} attempt {attempt}: {n} rows committed in "
+            _log(f"batch {batch_id} task {task} ({unit.marker_key}) attempt {attempt}: {n} rows committed in "
                  f"{(time.monotonic() - t0) * 1000:.0f} ms (init {t_init * 1000:.0f} ms)")
     except BaseException:
         # The transaction's state is unknown. The task fails, Spark retries it (attempt + 1),
@@ -317,8 +331,10 @@ class KafkaSinkBatchWriter:
             # the first one this driver runs; later batches are new.
             self.first_batch_of_run = batch_id
         records = to_kafka_records(df)
-        records.rdd.foreachPartition(partial(write_partition, self.params, batch_id,
-                                             self.first_batch_of_run))
+        rdd = records.rdd  # once: its partitions are the tasks the units are read from
+        units = decide(observe(rdd, records._jdf))
+        rdd.foreachPartition(partial(write_partition, self.params, batch_id,
+                                     self.first_batch_of_run, units))
 
 
 def to_kafka_records(df):

@@ -1,0 +1,178 @@
+"""The sink's unit of idempotency: which source records a task of a micro-batch writes.
+
+A replayed micro-batch must give every unit the same records as its first run, or a task
+that finds its unit's marker skips records another unit wrote, and another writes them again.
+The task index alone does not name them: Spark 4.2's Kafka source orders a batch's input
+partitions by iterating a set of topic-partitions, and for up to four partitions that order
+is the insertion order, which differs between the live plan (offsets as the broker returned
+them) and a replay (offsets read back from the offset log). So:
+
+* a task that reads source ranges straight from the scan (no shuffle on its way) is named by
+  them: `src-<partition>` (`src-<partition>.<k>` when Spark splits one partition's range);
+* a task that reads a hash shuffle's output holds the rows whose keys hash to its index,
+  whatever the order of the map tasks, so it keeps its index: `task-<i>` (the sink's first
+  naming, so markers written before this change keep their meaning);
+* a plan whose task contents depend on the scan's order without a hash shuffle (COALESCE,
+  REPARTITION without columns, ORDER BY straight over the source) is refused with a reason.
+
+`decide` is the pure part (facts in, units out); `observe` reads the facts from the batch's
+RDD lineage and executed plan through py4j, on the driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class UnsupportedPlan(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SourceRange:
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    def as_json(self) -> dict:
+        return {"topic": self.topic, "partition": self.partition, "from": self.start, "until": self.end}
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What task `task` of a batch writes, and the names its writes go by."""
+    task: int
+    marker_key: str          # key of its marker in the commit topic
+    txn_suffix: str          # transactional.id = <prefix>.<txn_suffix>
+    slot: int                # commit topic partition = slot % partitions
+    ranges: tuple[SourceRange, ...] = ()
+    legacy_key: str | None = None  # the task-index marker an older sink may have written instead
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    # Per task index: the source ranges it reads through narrow dependencies only, or None
+    # when everything it reads comes through a shuffle.
+    tasks: tuple[tuple[SourceRange, ...] | None, ...]
+    # Exchanges whose output depends on the order of the source's partitions (a round-robin
+    # or range exchange with the scan below it and no other exchange between).
+    order_dependent: tuple[str, ...] = ()
+
+
+def _by_index(i: int) -> Unit:
+    return Unit(i, f"task-{i}", str(i), i)
+
+
+def decide(facts: PlanFacts) -> list[Unit]:
+    if facts.order_dependent:
+        raise UnsupportedPlan(
+            f"the query's plan spreads the source's records over tasks by their order "
+            f"({', '.join(facts.order_dependent)}), which a replayed batch does not keep; the "
+            "exactly-once Kafka sink needs one task per source partition or a shuffle by key: "
+            "drop REPARTITION(n) without columns, COALESCE or ORDER BY over the stream, or "
+            "repartition by a column")
+    n = len(facts.tasks)
+    if n <= 1:
+        return [_by_index(0)] if n else []
+    split: dict[int, list[SourceRange]] = {}
+    for ranges in facts.tasks:
+        if ranges is not None and len(ranges) > 1:
+            raise UnsupportedPlan(
+                f"a task of the query's plan reads {len(ranges)} source partitions without a "
+                "shuffle (COALESCE or a union), grouped by the order a replayed batch does not "
+                "keep; the exactly-once Kafka sink needs one task per source partition or a "
+                "shuffle by key")
+        if ranges:
+            split.setdefault(ranges[0].partition, []).append(ranges[0])
+    units = []
+    for i, ranges in enumerate(facts.tasks):
+        if not ranges:  # a shuffle's output, or a task with nothing to read
+            units.append(_by_index(i))
+            continue
+        r = ranges[0]
+        parts = sorted(split[r.partition], key=lambda x: x.start)
+        name = str(r.partition) if len(parts) == 1 else f"{r.partition}.{parts.index(r)}"
+        units.append(Unit(i, f"src-{name}", f"p{name}", r.partition, ranges, legacy_key=f"task-{i}"))
+    return units
+
+
+# ----------------------------------------------------------------------------- py4j facts
+
+def _name(obj) -> str:
+    return obj.getClass().getSimpleName()
+
+
+def _seq(seq) -> list:
+    return [seq.apply(i) for i in range(seq.size())]
+
+
+def _kafka_range(input_partition) -> SourceRange:
+    if _name(input_partition) != "KafkaBatchInputPartition":
+        raise UnsupportedPlan(f"the query reads a {_name(input_partition)}, not the Kafka source")
+    r = input_partition.offsetRange()
+    tp = r.topicPartition()
+    return SourceRange(tp.topic(), tp.partition(), r.fromOffset(), r.untilOffset())
+
+
+def _scan_inputs(rdd, index: int):
+    """Source ranges task `index` of `rdd` reads, None if all through shuffles."""
+    if _name(rdd) == "DataSourceRDD":
+        part = rdd.partitions()[index].inputPartition()
+        return () if part.isEmpty() else (_kafka_range(part.get()),)
+    found, shuffled = [], False
+    for dep in _seq(rdd.dependencies()):
+        if _name(dep) == "ShuffleDependency":
+            shuffled = True
+            continue
+        for parent in _seq(dep.getParents(index)):
+            got = _scan_inputs(dep.rdd(), parent)
+            if got is None:
+                shuffled = True
+            else:
+                found.extend(got)
+    if shuffled and found:
+        raise UnsupportedPlan("a task of the query's plan reads both a shuffle and the source directly")
+    return None if shuffled else tuple(found)
+
+
+def _one_to_one_scan(rdd):
+    """The DataSourceRDD under a chain of one-to-one dependencies, or None."""
+    while _name(rdd) != "DataSourceRDD":
+        deps = _seq(rdd.dependencies())
+        if len(deps) != 1 or _name(deps[0]) != "OneToOneDependency":
+            return None
+        rdd = deps[0].rdd()
+    return rdd
+
+
+def _order_dependent(plan) -> list[str]:
+    """Round-robin or range exchanges with the scan below them and no other exchange between."""
+    found = [k for child in _seq(plan.children()) for k in _order_dependent(child)]
+    if _name(plan) == "ShuffleExchangeExec":
+        kind = _name(plan.outputPartitioning())
+        if kind in ("RoundRobinPartitioning", "RangePartitioning") and _scan_directly_below(plan):
+            found.append(kind)
+    return found
+
+
+def _scan_directly_below(plan) -> bool:
+    for child in _seq(plan.children()):
+        if _name(child) == "MicroBatchScanExec":
+            return True
+        if _name(child) != "ShuffleExchangeExec" and _scan_directly_below(child):
+            return True
+    return False
+
+
+def observe(rdd, jdf) -> PlanFacts:
+    """The facts of a batch: `rdd` is the Python RDD the tasks will run over (its partitions
+    are the tasks), `jdf` the Dataset it came from."""
+    jrdd = rdd._jrdd.rdd()
+    n = len(jrdd.partitions())
+    scan = _one_to_one_scan(jrdd)
+    if scan is not None:  # the common stateless plan: one walk, not one per task
+        tasks = tuple(_scan_inputs(scan, i) for i in range(n))
+    else:
+        tasks = tuple(_scan_inputs(jrdd, i) for i in range(n))
+    return PlanFacts(tasks, tuple(_order_dependent(jdf.queryExecution().executedPlan())))

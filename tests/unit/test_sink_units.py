@@ -1,0 +1,50 @@
+"""The Spark sink's units: which names a batch's tasks write under, from the plan's facts."""
+
+import pytest
+
+from spark_app.sink_units import PlanFacts, SourceRange, UnsupportedPlan, decide
+
+
+def r(p: int, start: int = 0, end: int = 10) -> tuple[SourceRange, ...]:
+    return (SourceRange("t", p, start, end),)
+
+
+CASES = [
+    # (facts, [(marker key, transactional suffix, commit slot)] per task)
+    ("no tasks", PlanFacts(()), []),
+    ("one task keeps its index", PlanFacts((r(3),)), [("task-0", "0", 0)]),
+    ("narrow: named by source partition, whatever the task order",
+     PlanFacts((r(2), r(0), r(1))), [("src-2", "p2", 2), ("src-0", "p0", 0), ("src-1", "p1", 1)]),
+    ("narrow, the other order: the same names follow the same partitions",
+     PlanFacts((r(0), r(1), r(2))), [("src-0", "p0", 0), ("src-1", "p1", 1), ("src-2", "p2", 2)]),
+    ("a split partition: ranked by start offset",
+     PlanFacts((r(1, 50, 100), r(0), r(1, 0, 50))),
+     [("src-1.1", "p1.1", 1), ("src-0", "p0", 0), ("src-1.0", "p1.0", 1)]),
+    ("a shuffle by key: tasks keep their index", PlanFacts((None, None)),
+     [("task-0", "0", 0), ("task-1", "1", 1)]),
+    ("a task with nothing to read keeps its index", PlanFacts((r(4), ())),
+     [("src-4", "p4", 4), ("task-1", "1", 1)]),
+]
+
+
+@pytest.mark.parametrize("facts,want", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_units(facts, want):
+    units = decide(facts)
+    assert [(u.marker_key, u.txn_suffix, u.slot) for u in units] == want
+    assert [u.task for u in units] == list(range(len(want)))
+    for u, ranges in zip(units, facts.tasks):
+        assert u.ranges == (ranges if u.marker_key.startswith("src-") else ())
+        assert u.legacy_key == (f"task-{u.task}" if u.marker_key.startswith("src-") else None)
+
+
+REFUSED = [
+    ("coalesced partitions", PlanFacts((r(0) + r(1), r(2))), "without a shuffle"),
+    ("round robin over the source", PlanFacts((None, None), ("RoundRobinPartitioning",)), "RoundRobin"),
+    ("order by over the source", PlanFacts((None,), ("RangePartitioning",)), "by their order"),
+]
+
+
+@pytest.mark.parametrize("facts,words", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_plans_whose_tasks_depend_on_the_scan_order_are_refused(facts, words):
+    with pytest.raises(UnsupportedPlan, match=words):
+        decide(facts)
