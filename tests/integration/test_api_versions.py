@@ -1,7 +1,8 @@
 """The API's two versions on the real API server: v1beta1 stored, v1alpha1 served (deprecated),
 the same objects through either; docs/install.md's storage-version migration run as written from
 the v1alpha1-only CRD of earlier releases; and an Argo CD-style server-side diff of a v1alpha1
-manifest that stays clean across the upgrade.
+manifest that stays clean across the upgrade; and the operator, which watches v1beta1, runs a
+pipeline written as v1alpha1.
 
 What is stored is read from etcd itself (a custom resource is stored as JSON under
 /registry/<group>/<plural>/<namespace>/<name>): the API answers in whatever version is asked,
@@ -23,13 +24,14 @@ import urllib.request
 
 import pytest
 import yaml
+from kubernetes import client
 
 from eopipe.control import crd
 from eopipe.core.spec import DEPRECATED_VERSIONS, GROUP, KIND, PLURAL, VERSION
-from localenv.controlplane import ControlPlane
-from localenv.fixtures_operator import kubectl
+from localenv.controlplane import ControlPlane, ControlPlaneError
+from localenv.fixtures_operator import kubectl, wait_for
 from tests.helpers.docs import sh_blocks
-from tests.helpers.pipelines import REPO, kubectl_apply
+from tests.helpers.pipelines import REPO, example_manifest, kubectl_apply, ready_pipeline, unique_topic
 
 pytestmark = pytest.mark.k8s
 
@@ -81,8 +83,16 @@ def stored_versions(cp) -> list[str]:
 def old_cp(tmp_path_factory, tmp_path):
     """A control plane of this test's own, with the v1alpha1-only CRD applied as the kubectl
     install path of those releases applied it, and a namespace for the pipelines."""
-    cp = ControlPlane(tmp_path_factory.mktemp("k8s-api-versions"))
-    cp.start()
+    for attempt in range(3):
+        cp = ControlPlane(tmp_path_factory.mktemp("k8s-api-versions"))
+        try:
+            cp.start()
+            break
+        except ControlPlaneError as e:
+            # Its free ports are picked before the processes bind them: another process (a
+            # Kafka broker, an operator of the same run) may take one in between. New ports.
+            if "address already in use" not in str(e) or attempt == 2:
+                raise
     try:
         path = tmp_path / "old-crd.yaml"
         path.write_text(yaml.safe_dump(old_crd(), sort_keys=False))
@@ -179,3 +189,23 @@ def test_an_argocd_server_side_diff_stays_clean_across_the_upgrade(old_cp, tmp_p
     fields = [m for m in get(cp, "pipelines", "synced", VERSION)["metadata"]["managedFields"] if m["manager"] == ARGO]
     assert [m["operation"] for m in fields] == ["Apply"], fields
     assert re.fullmatch(rf"{GROUP}/v1(alpha|beta)1", fields[0]["apiVersion"])
+
+
+def test_the_operator_reconciles_a_pipeline_written_as_v1alpha1_and_writes_v1beta1(
+        operator, kube_api, kafka_bootstrap, k8s_namespace):
+    """The operator watches v1beta1: a pipeline applied as v1alpha1 is the same object to it, and
+    everything it writes (status, its finalizer, the children's ownerReferences) names v1beta1."""
+    ns, cp = k8s_namespace, operator.cp
+    doc = example_manifest("minimal.yaml", kafka_bootstrap, **{"source.topic": unique_topic("events", ns),
+                                                         "dedup.replicas": 1})
+    doc["apiVersion"] = f"{GROUP}/{OLD}"
+    kubectl_apply(cp, ns, doc)
+    wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 180, what="Ready=True")
+    sts = client.AppsV1Api(kube_api).read_namespaced_stateful_set("minimal-dedup", ns)
+    assert [(r.api_version, r.kind) for r in sts.metadata.owner_references] == [(f"{GROUP}/{VERSION}", KIND)]
+    obj = get(cp, ns, "minimal", VERSION)
+    written = {(m["manager"], m.get("subresource", ""), m["apiVersion"]) for m in obj["metadata"]["managedFields"]}
+    ours = {w for w in written if not w[0].startswith("kubectl")}
+    assert ours and {w[2] for w in ours} == {f"{GROUP}/{VERSION}"}, written
+    assert any(w[1] == "status" for w in ours), written
+    assert stored_version(cp, ns, "minimal") == f"{GROUP}/{VERSION}"
