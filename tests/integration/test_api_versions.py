@@ -171,6 +171,10 @@ def test_an_argocd_server_side_diff_stays_clean_across_the_upgrade(old_cp, tmp_p
 
     now = get(cp, "pipelines", "synced", OLD)
     assert now["spec"] == live["spec"] and now["metadata"]["generation"] == live["metadata"]["generation"]
+    # The rewrite changed no field, so it took none over: Argo CD still owns the whole spec.
+    spec_owners = {(m["manager"], m["operation"]) for m in now["metadata"]["managedFields"]
+                   if "f:spec" in (m.get("fieldsV1") or {})}
+    assert spec_owners == {(ARGO, "Apply")}, now["metadata"]["managedFields"]
     # Argo CD's diff: a server-side dry run of the same manifest, compared with the live object;
     # then of the manifest moved to v1beta1, as a user would next.
     for doc in (manifest, {**manifest, "apiVersion": f"{GROUP}/{VERSION}"}):
