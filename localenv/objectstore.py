@@ -144,17 +144,21 @@ class ObjectStore:
         self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
-        """Until a signed S3 call succeeds and the master has a volume server to write to."""
+        """Until a signed S3 call succeeds and the master knows every volume on disk (after a
+        restart the gateway answers before the volume server has reported its volumes, and
+        reads of their objects fail with 500 until it has)."""
         deadline, client, why = time.monotonic() + timeout, self.client(timeout=2), ""
+        on_disk = len(list((self.workdir / "data").glob("*.dat")))
         while time.monotonic() < deadline:
             if not self.running:
                 raise ObjectStoreError(f"weed exited:\n{self.tail()}")
             try:
                 client.list_buckets()
-                nodes = requests.get(f"http://127.0.0.1:{self.ports['master']}/dir/status", timeout=2).json()
-                if _data_nodes(nodes):
+                status = requests.get(f"http://127.0.0.1:{self.ports['master']}/dir/status", timeout=2).json()
+                nodes, volumes = _served(status)
+                if nodes and volumes >= on_disk:
                     return
-                why = "no volume server registered with the master yet"
+                why = f"{nodes} volume servers and {volumes} of {on_disk} volumes registered with the master"
             except (requests.RequestException, ObjectStoreError, ValueError) as e:
                 why = str(e)
             time.sleep(0.2)
@@ -173,10 +177,12 @@ class ObjectStore:
         return last_lines(self.process.log, n)
 
 
-def _data_nodes(status: dict) -> int:
+def _served(status: dict) -> tuple[int, int]:
+    """(volume servers, volumes) in the master's /dir/status."""
     topo = status.get("Topology") or {}
-    return sum(len(rack.get("DataNodes") or []) for dc in topo.get("DataCenters") or []
-               for rack in dc.get("Racks") or [])
+    nodes = [n for dc in topo.get("DataCenters") or [] for rack in dc.get("Racks") or []
+             for n in rack.get("DataNodes") or []]
+    return len(nodes), sum(n.get("Volumes", 0) for n in nodes)
 
 
 def main(argv: list[str] | None = None) -> int:
