@@ -169,9 +169,17 @@ class ObjectStore:
         # SIGTERM lets the volume server and filer flush; weed 4.48 then waits on its gRPC
         # streams for good, so SIGKILL follows after `grace`.
         self.process.stop(grace)
+        self._remove_sockets()
 
     def kill(self) -> None:
         self.process.stop(0)
+        self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        # weed also listens on Unix sockets at fixed /tmp paths named by port, left after a kill.
+        for port in self.ports.values():
+            for sock in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+                sock.unlink(missing_ok=True)
 
     def tail(self, n: int = 40) -> str:
         return last_lines(self.process.log, n)
