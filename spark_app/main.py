@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import re
 import signal
@@ -160,8 +161,9 @@ def _ship_package(spark) -> None:
     spark.sparkContext.addPyFile(str(out))
 
 
-def events_view(spark, cfg: Config):
-    """The streaming DataFrame behind the view `events`: JSON fields + Kafka metadata."""
+def events_view(spark, cfg: Config, starting: str | None = None):
+    """The streaming DataFrame behind the view `events`: JSON fields + Kafka metadata.
+    `starting`: startingOffsets if not the config's (used only without a checkpoint)."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
@@ -176,7 +178,7 @@ def events_view(spark, cfg: Config):
     reader = (spark.readStream.format("kafka")
               .option("kafka.bootstrap.servers", cfg.bootstrap)
               .option("subscribe", cfg.source_topic)
-              .option("startingOffsets", cfg.starting_offsets)
+              .option("startingOffsets", starting or cfg.starting_offsets)
               .option("failOnDataLoss", "true")
               .option("kafka.isolation.level", "read_committed"))
     # A task's pooled consumer can still have a fetch in flight from the previous batch, which
@@ -205,8 +207,8 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def build_query_frame(spark, cfg: Config):
-    events = events_view(spark, cfg)
+def build_query_frame(spark, cfg: Config, starting: str | None = None):
+    events = events_view(spark, cfg, starting)
     events.createOrReplaceTempView("events")
     try:
         result = spark.sql(cfg.sql)
@@ -245,13 +247,42 @@ def _kafka_topics_exist(cfg: Config, wait_seconds: float = 30) -> None:
         time.sleep(1)
 
 
+def _starting_offsets(spark, cfg: Config) -> str | None:
+    """Where a query with no checkpoint starts over a Kafka sink that holds output already: where
+    the sink's markers say each source partition's records are written up to (sink_position.py).
+    None: the config's startingOffsets."""
+    from confluent_kafka.admin import AdminClient
+
+    from spark_app.sink_position import checkpoint_is_empty, plan_start, read_markers
+
+    if not isinstance(cfg.sink, KafkaSink) or not checkpoint_is_empty(spark, cfg.checkpoint_location):
+        return None
+    markers = read_markers(cfg.kafka_client_config(), cfg.sink.commit_topic)
+    if not markers:
+        log(f"no checkpoint at {cfg.checkpoint_location} and no markers: a new run from {cfg.starting_offsets}")
+        return None
+    md = AdminClient(cfg.kafka_client_config()).list_topics(cfg.source_topic, timeout=60)
+    plan = plan_start(markers, cfg.source_topic, md.topics[cfg.source_topic].partitions, cfg.starting_offsets)
+    if plan.problems:
+        raise RuntimeError("no checkpoint, and the sink's markers do not say where to start: "
+                           + "; ".join(plan.problems))
+    if not plan.from_markers:
+        log(f"no checkpoint at {cfg.checkpoint_location}; the sink's markers name no source ranges "
+            f"(a stateful query's): starting at {cfg.starting_offsets}, as a new run")
+        return None
+    log(f"no checkpoint at {cfg.checkpoint_location}: starting where the sink's markers say its "
+        f"output ends, per source partition {json.dumps(plan.from_markers, sort_keys=True)}")
+    return plan.spark_json(cfg.source_topic)
+
+
 def start_query(spark, cfg: Config):
     from spark_app.sink_kafka import KafkaSinkBatchWriter, SinkParams
 
-    result = build_query_frame(spark, cfg)
+    result = build_query_frame(spark, cfg, _starting_offsets(spark, cfg))
     w = result.writeStream.outputMode(cfg.output_mode).option("checkpointLocation",
                                                               cfg.checkpoint_location)
-    w = w.queryName(f"eopipe_{cfg.namespace}_{cfg.pipeline}".replace("-", "_").replace(".", "_"))
+    name = f"eopipe_{cfg.namespace}_{cfg.pipeline}".replace("-", "_").replace(".", "_")
+    w = w.queryName(name)
     if cfg.trigger_ms is None:
         w = w.trigger(availableNow=True)
     else:
@@ -259,7 +290,7 @@ def start_query(spark, cfg: Config):
     if isinstance(cfg.sink, KafkaSink):
         params = SinkParams(cfg.sink.topic, cfg.sink.commit_topic, cfg.transactional_id_prefix,
                             cfg.kafka_client_config())
-        w = w.foreachBatch(KafkaSinkBatchWriter(params))
+        w = w.foreachBatch(KafkaSinkBatchWriter(params, spark, name))
     else:
         assert isinstance(cfg.sink, FileSink)
         # Spark's file sink: a batch's files become visible only through the sink's metadata
@@ -315,9 +346,6 @@ def run(cfg: Config) -> int:
             return 0
     exc = query.exception()
     if exc is not None:
-        refused = _refused_plan(str(exc))
-        if refused:  # the SQL's plan, not a fault: the same SQL fails the same way on a restart
-            raise ConfigError([f"sql: {refused}"])
         log(f"query failed: {exc}")
         write_termination_log(f"query failed: {exc}")
         return 1
@@ -337,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         write_termination_log(str(e))
         return 2
     except Exception as e:  # noqa: BLE001 - reported, and the restart policy takes over
+        refused = _refused_plan(str(e))
+        if refused:  # the SQL's plan, not a fault: the same SQL fails the same way on a restart
+            msg = str(ConfigError([f"sql: {refused}"]))
+            print(msg, file=sys.stderr, flush=True)
+            write_termination_log(msg)
+            return 2
         log(f"failed after {time.monotonic() - t0:.0f}s: {type(e).__name__}: {e}")
         write_termination_log(f"{type(e).__name__}: {e}")
         return 1

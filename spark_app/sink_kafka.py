@@ -102,7 +102,7 @@ class Marker:
         # needs to know where the sink stands.
         return json.dumps({"task": self.task, "batch": self.batch, "query": self.query,
                            "attempt": attempt, "rows": rows, "unit": unit.marker_key,
-                           "source": [r.as_json() for r in unit.ranges],
+                           "source": [r.as_json() for r in unit.ranges], "parts": unit.parts,
                            "committed_at_ms": int(time.time() * 1000)}).encode()
 
     @classmethod
@@ -319,8 +319,10 @@ def _commit(producer: Producer) -> None:
 class KafkaSinkBatchWriter:
     """The foreachBatch function (runs on the driver, once per micro-batch)."""
 
-    def __init__(self, params: SinkParams):
-        self.params = params
+    def __init__(self, params: SinkParams, spark, query_name: str):
+        # The session the query was started in: foreachBatch hands each batch a session of its
+        # own, whose query manager does not list the query.
+        self.params, self.spark, self.query_name = params, spark, query_name
         self.first_batch_of_run: int | None = None
 
     def __call__(self, df, batch_id: int) -> None:
@@ -332,9 +334,17 @@ class KafkaSinkBatchWriter:
             self.first_batch_of_run = batch_id
         records = to_kafka_records(df)
         rdd = records.rdd  # once: its partitions are the tasks the units are read from
-        units = decide(observe(rdd, records._jdf))
+        units = decide(observe(rdd, self._batch_plan()))
         rdd.foreachPartition(partial(write_partition, self.params, batch_id,
                                      self.first_batch_of_run, units))
+
+    def _batch_plan(self):
+        """The executed plan of the batch being written: the query's, not `df`'s (which only
+        scans the batch's result)."""
+        for q in self.spark.streams.active:
+            if q.name == self.query_name:
+                return q._jsq.streamingQuery().lastExecution().executedPlan()
+        raise RuntimeError(f"streaming query {self.query_name!r} is not active")
 
 
 def to_kafka_records(df):

@@ -48,6 +48,7 @@ class Unit:
     slot: int                # commit topic partition = slot % partitions
     ranges: tuple[SourceRange, ...] = ()
     legacy_key: str | None = None  # the task-index marker an older sink may have written instead
+    parts: int = 0  # how many parts Spark split this unit's source range into (0: not split)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ def decide(facts: PlanFacts) -> list[Unit]:
         r = ranges[0]
         parts = sorted(split[r.partition], key=lambda x: x.start)
         name = str(r.partition) if len(parts) == 1 else f"{r.partition}.{parts.index(r)}"
-        units.append(Unit(i, f"src-{name}", f"p{name}", r.partition, ranges, legacy_key=f"task-{i}"))
+        units.append(Unit(i, f"src-{name}", f"p{name}", r.partition, ranges, legacy_key=f"task-{i}",
+                          parts=len(parts) if len(parts) > 1 else 0))
     return units
 
 
@@ -165,9 +167,9 @@ def _scan_directly_below(plan) -> bool:
     return False
 
 
-def observe(rdd, jdf) -> PlanFacts:
+def observe(rdd, plan) -> PlanFacts:
     """The facts of a batch: `rdd` is the Python RDD the tasks will run over (its partitions
-    are the tasks), `jdf` the Dataset it came from."""
+    are the tasks), `plan` the batch's executed plan."""
     jrdd = rdd._jrdd.rdd()
     n = len(jrdd.partitions())
     scan = _one_to_one_scan(jrdd)
@@ -175,4 +177,4 @@ def observe(rdd, jdf) -> PlanFacts:
         tasks = tuple(_scan_inputs(scan, i) for i in range(n))
     else:
         tasks = tuple(_scan_inputs(jrdd, i) for i in range(n))
-    return PlanFacts(tasks, tuple(_order_dependent(jdf.queryExecution().executedPlan())))
+    return PlanFacts(tasks, tuple(_order_dependent(plan)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import threading
 import time
 import uuid
@@ -364,7 +365,7 @@ def test_parquet_file_sink_is_exact_across_a_driver_kill(kafka_bootstrap, spark_
 @pytest.mark.kafka
 @pytest.mark.spark
 @pytest.mark.slow
-def test_driver_sigkill_mid_batch_repeatedly_then_replay_of_a_committed_batch(
+def test_driver_sigkills_mid_batch_a_lost_checkpoint_and_a_replayed_committed_batch(
         kafka_bootstrap, spark_driver, tmp_path):
     # Four source partitions: Spark's Kafka source lists up to four in an order that differs
     # between a batch's first run and its replay, so a sink that named its units by task index
@@ -374,16 +375,24 @@ def test_driver_sigkill_mid_batch_repeatedly_then_replay_of_a_committed_batch(
     # Each task sleeps before its commit, so the kills below land inside open transactions.
     d = spark_driver(t.config(tmp_path), EOPIPE_SPARK_TEST_COMMIT_DELAY="0.7")
     d.wait_running()
+    ck = tmp_path / "checkpoint"
     mid_transaction = 0
-    for _ in range(3):
+    for kill in range(3):
+        if kill == 2:
+            _wait_for_output(kafka_bootstrap, t.sink, 1, timeout=120)  # markers to start from
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and not _open_transaction(kafka_bootstrap, t.sink):
             time.sleep(0.05)
         mid_transaction += _open_transaction(kafka_bootstrap, t.sink)
         d.kill()
+        if kill == 2:
+            # The checkpoint lost too (a deleted claim): the new run starts where the sink's
+            # markers say each source partition's output ends, not from the earliest offset.
+            shutil.rmtree(ck)
         d.start()
         d.wait_running()
     assert mid_transaction >= 2, "the kills did not land inside open transactions"
+    assert "starting where the sink's markers say its output ends" in d.log_text(), d.tail(30)
     stats = _join_load(load)
     _wait_for_output(kafka_bootstrap, t.sink, stats["unique"], timeout=120)
 
@@ -392,7 +401,6 @@ def test_driver_sigkill_mid_batch_repeatedly_then_replay_of_a_committed_batch(
     # batch and every task must find its marker and write nothing.
     # The kill must come after the last planned batch is in the commit log: killed between the
     # offset-log and commit-log entries, Spark re-runs the newer batch, not the one dropped here.
-    ck = tmp_path / "checkpoint"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and latest_batch(ck, "offsets") != latest_batch(ck, "commits"):
         time.sleep(0.2)

@@ -1,0 +1,105 @@
+"""Where the exactly-once Kafka sink stands, from its markers: the start of a query that has
+no checkpoint (lost, or deleted on purpose) over a sink that already holds output.
+
+A query without a checkpoint is a new run: it starts at `startingOffsets` and, from the
+earliest offset, would write everything again. Every committed marker of a narrow plan's unit
+(`src-<p>`) names the source range its rows came from, in the same transaction as the rows,
+so the sink holds partition p's records exactly up to the largest `until` of p's markers
+(Spark runs a partition's batches in order and starts batch B+1 only once every unit of B
+committed). Starting there continues the output with no gap and no duplicate. A stateful
+plan's units (`task-<i>`, by shuffle partition) name no source range: their sink position is
+unknown, and such a query starts at `startingOffsets` as before (docs/design.md says so).
+
+`plan_start` is the pure part; `read_markers` and `checkpoint_is_empty` do the I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable
+
+EARLIEST, LATEST = -2, -1  # Spark's startingOffsets JSON codes
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    offsets: dict[int, int]  # source partition -> first offset to read (or EARLIEST/LATEST)
+    from_markers: dict[int, int]  # the partitions the markers placed, and where
+    problems: tuple[str, ...] = ()
+
+    def spark_json(self, topic: str) -> str:
+        return json.dumps({topic: {str(p): o for p, o in sorted(self.offsets.items())}})
+
+
+def plan_start(markers: Iterable[dict], topic: str, partitions: Iterable[int], default: str) -> StartPlan:
+    """markers: decoded marker values (latest per key, any query id); partitions: the source
+    topic's partitions now; default: the query's startingOffsets for partitions no marker names."""
+    ends: dict[int, int] = {}
+    parts: dict[tuple[int, int, str | None], list[tuple[int, int, int]]] = {}
+    problems = []
+    for m in markers:
+        for r in m.get("source") or ():
+            if r.get("topic") != topic:
+                continue
+            p, until = int(r["partition"]), int(r["until"])
+            ends[p] = max(ends.get(p, until), until)
+            if m.get("parts"):
+                parts.setdefault((p, int(m["batch"]), m.get("query")), []).append(
+                    (int(r["from"]), until, int(m["parts"])))
+    for (p, batch, _q), got in sorted(parts.items()):
+        # A range Spark split into parts: its batch is written only if every part is.
+        if max(u for _, u, _ in got) == ends[p] and len(got) < got[0][2]:
+            problems.append(f"source partition {p}: batch {batch} committed {len(got)} of its "
+                            f"{got[0][2]} parts; no single offset resumes it exactly")
+    base = EARLIEST if default == "earliest" else LATEST
+    offsets = {p: ends.get(p, base) for p in partitions}
+    return StartPlan(offsets, {p: o for p, o in ends.items() if p in offsets}, tuple(problems))
+
+
+# ----------------------------------------------------------------------------------- I/O
+
+def read_markers(client_config: dict, commit_topic: str, timeout: float = 60.0) -> list[dict]:
+    """The latest committed marker per key in the commit topic (read_committed, to the end)."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    c = Consumer({**client_config, "group.id": f"{commit_topic}.position", "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "enable.partition.eof": True})
+    try:
+        md = c.list_topics(commit_topic, timeout=timeout).topics[commit_topic]
+        if md.error is not None:
+            raise KafkaException(md.error)
+        tps = [TopicPartition(commit_topic, p, 0) for p in md.partitions]
+        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=timeout, cached=False) for tp in tps}
+        pending = {p for p, (low, high) in ends.items() if high > low}
+        c.assign([TopicPartition(commit_topic, p, ends[p][0]) for p in pending])
+        latest: dict[bytes, dict] = {}
+        while pending:
+            m = c.poll(timeout)
+            if m is None:
+                raise TimeoutError(f"reading {commit_topic}: no message in {timeout:.0f}s")
+            if m.error() is not None:
+                if m.error().code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(m.error())
+                # All that is committed now (an open transaction of a driver that is gone
+                # ends at its timeout or when our tasks' producers fence it).
+                pending.discard(m.partition())
+                continue
+            if m.value() is not None:
+                latest[m.key()] = json.loads(m.value())
+            if m.offset() + 1 >= ends[m.partition()][1]:
+                pending.discard(m.partition())
+        return list(latest.values())
+    finally:
+        c.close()
+
+
+def checkpoint_is_empty(spark, location: str) -> bool:
+    """No batch was ever planned there: Spark would start at startingOffsets. Through Hadoop's
+    file system, so a path and an s3a:// URI are read alike."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(location.rstrip("/") + "/offsets")
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(path):
+        return True
+    return not any(not s.getPath().getName().startswith(".") for s in fs.listStatus(path))

@@ -1,0 +1,50 @@
+"""Where a query without a checkpoint starts over a sink that holds output: from its markers."""
+
+import json
+
+import pytest
+
+from spark_app.sink_position import EARLIEST, LATEST, plan_start
+
+
+def m(unit, batch, *ranges, query="q1", parts=0, topic="src"):
+    return {"unit": unit, "batch": batch, "query": query, "parts": parts,
+            "source": [{"topic": topic, "partition": p, "from": a, "until": b} for p, a, b in ranges]}
+
+
+CASES = [
+    # (id, markers, partitions, default, offsets, placed by markers)
+    ("a new sink: the config's start", [], [0, 1], "earliest", {0: EARLIEST, 1: EARLIEST}, {}),
+    ("every partition written", [m("src-0", 4, (0, 10, 20)), m("src-1", 4, (1, 7, 9))], [0, 1], "earliest",
+     {0: 20, 1: 9}, {0: 20, 1: 9}),
+    ("a batch committed by some units only: each partition goes on from its own",
+     [m("src-0", 5, (0, 20, 30)), m("src-1", 4, (1, 7, 9))], [0, 1], "earliest", {0: 30, 1: 9}, {0: 30, 1: 9}),
+    ("markers of several query ids (checkpoints lost before): the furthest range counts",
+     [m("src-0", 9, (0, 40, 50), query="q2"), m("src-1", 30, (1, 7, 9), query="q1")], [0, 1], "latest",
+     {0: 50, 1: 9}, {0: 50, 1: 9}),
+    ("a grown source: new partitions start at the config's start",
+     [m("src-0", 4, (0, 10, 20))], [0, 1, 2], "latest", {0: 20, 1: LATEST, 2: LATEST}, {0: 20}),
+    ("a stateful query's markers name no range", [m("task-0", 3), m("task-1", 3)], [0], "earliest",
+     {0: EARLIEST}, {}),
+    ("another topic's ranges (a source renamed) are not this one's",
+     [m("src-0", 4, (0, 10, 20), topic="old")], [0], "earliest", {0: EARLIEST}, {}),
+    ("a split range with every part committed",
+     [m("src-0.0", 6, (0, 0, 50), parts=2), m("src-0.1", 6, (0, 50, 100), parts=2)], [0], "earliest",
+     {0: 100}, {0: 100}),
+    ("after compaction only the latest marker per key is left: still the furthest",
+     [m("src-0", 12, (0, 300, 310)), m("src-0.0", 6, (0, 0, 50), parts=2), m("src-0.1", 6, (0, 50, 100), parts=2)],
+     [0], "earliest", {0: 310}, {0: 310}),
+]
+
+
+@pytest.mark.parametrize("markers,partitions,default,offsets,placed", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_start(markers, partitions, default, offsets, placed):
+    plan = plan_start(markers, "src", partitions, default)
+    assert (plan.offsets, plan.from_markers, plan.problems) == (offsets, placed, ())
+    assert json.loads(plan.spark_json("src")) == {"src": {str(p): o for p, o in offsets.items()}}
+
+
+def test_a_split_range_with_a_part_missing_has_no_exact_start():
+    plan = plan_start([m("src-0.1", 6, (0, 50, 100), parts=2)], "src", [0], "earliest")
+    assert plan.problems and "batch 6 committed 1 of its 2 parts" in plan.problems[0]
