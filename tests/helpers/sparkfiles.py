@@ -5,9 +5,6 @@ source offsets of a checkpoint's last committed batch."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
@@ -29,16 +26,6 @@ def parse_rows(out: str) -> list[list]:
     lines = out.splitlines()
     assert "END" in lines, out[-3000:]
     return [json.loads(ln[4:]) for ln in lines if ln.startswith("ROW ")]
-
-
-def read_files_with_spark(path: Path, fmt: str, columns: list[str]) -> list[list]:
-    """The rows (those columns) of a file sink's output, read by a local Spark here. The sink's
-    log names its files by absolute path, so read where the writer wrote."""
-    res = subprocess.run([sys.executable, "-c", reader_script(str(path), fmt, columns)], capture_output=True,
-                         text=True, timeout=180,
-                         env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable})
-    assert res.returncode == 0, res.stderr[-3000:]
-    return parse_rows(res.stdout)
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:

@@ -26,7 +26,7 @@ from eopipe.tools.loadgen import run_load
 from eopipe.tools.verify import TopicReader, verify
 from spark_app import progress, sink_kafka, sink_units
 from tests.helpers.pipelines import example_names
-from tests.helpers.sparkfiles import checkpoint_offsets, end_offsets, latest_batch, read_files_with_spark
+from tests.helpers.sparkfiles import latest_batch
 
 REPO = Path(__file__).resolve().parents[2]
 ID = KeySpec.parse("json:id")
@@ -330,36 +330,6 @@ def test_sql_whose_tasks_follow_the_scan_order_exits_2_before_writing(kafka_boot
     assert d.wait(180) == 2, d.tail(30, meaningful=True)
     assert "sql: the query's plan spreads the source's records over tasks by their order" in d.log_text()
     assert sum(1 for _ in TopicReader(kafka_bootstrap, "read_uncommitted").read(t.sink)) == 0
-
-
-@pytest.mark.kafka
-@pytest.mark.spark
-def test_parquet_file_sink_is_exact_across_a_driver_kill(kafka_bootstrap, spark_driver, tmp_path):
-    t = Topics(kafka_bootstrap)
-    out = tmp_path / "out"
-    load = _background_load(kafka_bootstrap, t.source, 3000, rate=400, seed=22)
-    d = spark_driver(t.config(tmp_path, sink={"kind": "files", "path": str(out), "format": "parquet"}))
-    d.wait_running()
-    deadline = time.monotonic() + 60
-    while not list(out.glob("_spark_metadata/*")) and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert list(out.glob("_spark_metadata/*")), "no batch reached the file sink"
-    time.sleep(1.5)
-    d.kill()  # mid-run: some part files may be written but never committed to the log
-    d.start()
-    d.wait_running()
-    stats = _join_load(load)
-    # Done when the sink's log has a batch that ends at the source's end offsets.
-    ends = end_offsets(kafka_bootstrap, t.source)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and checkpoint_offsets(tmp_path / "checkpoint") != ends:
-        time.sleep(1)
-    time.sleep(2)  # the batch's commit follows its offsets entry
-    d.stop()
-    ids = [r[0] for r in read_files_with_spark(out, "parquet", ["id"])]
-    counts = Counter(ids)
-    assert len(counts) == stats["unique"] == 3000, (len(counts), stats)
-    assert max(counts.values()) == 1, [k for k, n in counts.items() if n > 1][:5]
 
 
 @pytest.mark.kafka
