@@ -494,7 +494,7 @@ def test_bad_sql_fails_with_sparks_message_and_is_not_retried(node_tier):
     the pipeline ends Failed with Spark's own words (from the driver pod's termination message:
     v2.5.2 puts only the exit code in the SparkApplication's errorMessage), after
     1 + onFailureRetries driver runs, and the operator does not submit it again until the SQL is
-    fixed; then it runs (tests/e2e/test_spark_failed.py keeps the schema case on the process tier)."""
+    fixed; then it runs (the schema case: test_spark_stage_lifecycle_through_the_real_operator)."""
     from eopipe.control.builders.spark import RESTART_POLICY
 
     ns, name = "badsql", "payments"
@@ -538,6 +538,157 @@ def test_bad_sql_fails_with_sparks_message_and_is_not_retried(node_tier):
     _submitted_once(ns, name, before)  # v2.5.2 re-runs the changed application itself (same object)
     kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s")
     wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
+
+
+def _operator_pods() -> set[str]:
+    return set(kubectl("-n", "eopipe-system", "get", "pods", "-l", "app.kubernetes.io/component=operator",
+                       "-o", "jsonpath={.items[*].metadata.name}").split())
+
+
+def _sink_end(topic: str) -> int:
+    return sum(json.loads(nodetier.python(
+        "import json; from tests.helpers.sparkfiles import end_offsets; "
+        f"print(json.dumps(end_offsets({BOOTSTRAP!r}, {topic!r})))")).values())
+
+
+@pytest.mark.timeout(1200)  # two driver starts, a pause, a resume and two verifies: about 7-10 min
+def test_spark_stage_lifecycle_through_the_real_operator(node_tier):
+    """One pipeline (examples/payments.yaml on topics of its own, one dedup pod) through the
+    Spark stage's lifecycle on the real Spark Operator, its webhook on:
+    - a schema Spark cannot parse: phase Failed with Spark's own words (the driver pod's
+      termination message), and the same spec with the schema fixed (`kubectl apply`) runs by
+      one new submission;
+    - under load every eopipe operator pod is deleted: the Spark stage runs on untouched (the
+      same SparkApplication uid, its driver pod not replaced, still one submission);
+    - spec.paused mid-load: the SparkApplication and its driver pod go, the dedup stage goes to
+      zero pods, the sink stays still while records keep arriving; the checkpoint claim stays;
+    - resumed: a new SparkApplication whose driver resumes the same streaming query from the
+      checkpoint; then both stages are exact (nothing lost, nothing twice)."""
+    ns, name, src = "sparklife", "payments", "sparklife"
+    app_name, sink = f"{name}-spark", f"{src}-enriched"
+    _install_operator_if_absent(node_tier)
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "payments.yaml").read_text())
+    good_schema = doc["spec"]["processing"]["schema"]
+    doc["spec"].update(deletionPolicy="Delete", source={"topic": src, "partitions": 4})
+    doc["spec"]["dedup"]["replicas"] = 1
+    doc["spec"]["sink"]["kafka"] = {"topic": sink, "partitions": 4}
+    doc["spec"]["processing"]["schema"] = "id STRING, amount BIGINTT, user STRUCT<name: STRING"
+    kubectl("create", "namespace", ns)
+    try:
+        kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+        t = time.monotonic()
+
+        def failed() -> dict | None:
+            st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}
+            ready = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
+            return st if st.get("phase") == "Failed" and ready.get("reason") == "SparkFailed" else None
+        st = wait(failed, 400, "phase Failed, Ready=False/SparkFailed")
+        log(f"{name} with a bad schema: Failed in {time.monotonic() - t:.0f}s")
+        conditions = {c["type"]: c for c in st["conditions"]}
+        for kind in ("Ready", "ProcessingReady", "Stalled"):
+            msg = conditions[kind]["message"]  # Spark's parser's words, from the driver pod
+            assert "schema:" in msg and "BIGINTT" in msg and "SQLSTATE" in msg, (kind, msg)
+        log(f"Ready: {conditions['Ready']['message'][:300]}")
+
+        # The schema fixed by re-applying the whole spec, as a user does: one new submission.
+        t, before = time.monotonic(), _events(ns, name)
+        doc["spec"]["processing"]["schema"] = good_schema
+        kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+        wait(lambda: _settled(ns, name) and _spark_app(ns, app_name).get("applicationState", {}).get("state")
+             == "RUNNING", 400, f"{name} Ready with its fixed schema's driver RUNNING")
+        log(f"{name}: the fixed schema Ready, its driver RUNNING in {time.monotonic() - t:.0f}s")
+        _submitted_once(ns, name, before)
+        wait(lambda: "streaming query running" in kubectl("-n", ns, "logs", f"{app_name}-driver", check=False),
+             300, "the driver's streaming query running", interval=3)
+        app = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
+        driver_uid = kubectl_json("-n", ns, "get", "pod", f"{app_name}-driver")["metadata"]["uid"]
+
+        load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", src,
+                                        "--count", "42000", "--rate", "600", "--dup-ratio", "0.3",
+                                        "--poison", "10", "--seed", "28", "--quiet", "--json"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(6)
+            old = _operator_pods()
+            kubectl("-n", "eopipe-system", "delete", "pods", *sorted(old), "--wait=false")
+            log(f"deleted every eopipe operator pod mid-load: {sorted(old)}")
+            t = time.monotonic()
+            wait(lambda: (pods := _operator_pods()) and not pods & old and kubectl(
+                "-n", "eopipe-system", "get", "lease", "eopipe-leader", "-o",
+                "jsonpath={.spec.holderIdentity}") in pods, 180, "a new operator pod holding the lease")
+            kubectl("-n", "eopipe-system", "rollout", "status", "deployment/eopipe", "--timeout=180s")
+            leader = kubectl("-n", "eopipe-system", "get", "lease", "eopipe-leader", "-o",
+                             "jsonpath={.spec.holderIdentity}")
+            wait(lambda: "reconciled: phase=Running" in kubectl("-n", "eopipe-system", "logs", leader, check=False),
+                 120, "a pass of the new leader (its resume handler) over the running stage", interval=2)
+            wait(lambda: _settled(ns, name), 120, "the pipeline Ready under the new operator")
+            log(f"new operator pods leading, a pass over the pipeline done, in {time.monotonic() - t:.0f}s")
+            now = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
+            assert now["metadata"]["uid"] == app["metadata"]["uid"], "the new operator re-created the application"
+            assert now["metadata"]["generation"] == app["metadata"]["generation"], "the application's spec changed"
+            assert kubectl_json("-n", ns, "get", "pod", f"{app_name}-driver")["metadata"]["uid"] == driver_uid
+            _submitted_once(ns, name, before)
+            assert load.poll() is None, "the load ended before the pause: make it longer"
+
+            # Paused mid-load: the SparkApplication and its driver go, the dedup pods too.
+            kubectl("-n", ns, "patch", "exactlyoncepipeline", name, "--type=merge", "-p",
+                    '{"spec": {"paused": true}}')
+            t = time.monotonic()
+            wait(lambda: not kubectl("-n", ns, "get", "sparkapplication", "-o", "name")
+                 and not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name")
+                 and f"pod/{name}-dedup-" not in kubectl("-n", ns, "get", "pods", "-o", "name"),
+                 180, "the SparkApplication, the Spark pods and the dedup pods gone")
+            st = wait(lambda: (s := kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)["status"])
+                      .get("phase") == "Paused" and s, 60, "phase Paused")
+            processing = next(c for c in st["conditions"] if c["type"] == "ProcessingReady")
+            # "stopping ..." until the next resync says "stopped ...": both name the kept claim.
+            assert processing["reason"] == "Paused" and f"{app_name}-checkpoint" in processing["message"], processing
+            log(f"paused in {time.monotonic() - t:.0f}s: {processing['message']}")
+            out, err = load.communicate(timeout=300)
+        finally:
+            load.kill()
+        assert load.returncode == 0, err
+        sent = json.loads(out)
+        log(f"load: {sent}")
+        held = _sink_end(sink)
+        time.sleep(10)  # a driver left running would write the paused load's records by now
+        assert _sink_end(sink) == held, "the sink grew while paused"
+        pvc = kubectl_json("-n", ns, "get", "pvc", f"{app_name}-checkpoint")
+        pv = kubectl_json("get", "pv", pvc["spec"]["volumeName"])["spec"]
+        checkpoint = Path((pv.get("hostPath") or pv["local"])["path"]) / "checkpoints" / name
+        query = json.loads((checkpoint / "metadata").read_text())["id"]
+
+        kubectl("-n", ns, "patch", "exactlyoncepipeline", name, "--type=merge", "-p", '{"spec": {"paused": false}}')
+        t = time.monotonic()
+        wait(lambda: _settled(ns, name) and _spark_app(ns, app_name).get("applicationState", {}).get("state")
+             == "RUNNING", 400, "Ready again, the driver RUNNING, after the resume")
+        again = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
+        assert again["metadata"]["uid"] != app["metadata"]["uid"]  # created again on resume
+        wait(lambda: "streaming query running" in kubectl("-n", ns, "logs", f"{app_name}-driver", check=False),
+             300, "the resumed driver's streaming query running", interval=3)
+        log(f"resumed: Ready, a new driver's query running in {time.monotonic() - t:.0f}s")
+        assert kubectl_json("-n", ns, "get", "pvc", f"{app_name}-checkpoint")["metadata"]["uid"] \
+            == pvc["metadata"]["uid"]
+        assert json.loads((checkpoint / "metadata").read_text())["id"] == query  # the same query, resumed
+
+        common = ["--bootstrap", BOOTSTRAP, "--source", src, "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
+                  "--json", "--timeout", "400"]
+        for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
+                            ("end to end", ["--output", sink, "--no-order", "--settle", "30"])):
+            res = eopipe("verify", *common, *extra)
+            log(f"eopipe verify, {what}: {res.stdout}{res.stderr}")
+            rep = json.loads(res.stdout)
+            assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
+            assert rep["unique_in"] == sent["unique"], (what, rep)
+    finally:  # passed or not: the node's cores and the topics to the next test
+        kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s", check=False)
+        wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120,
+             "the Spark pods gone")
+        nodetier.python("from confluent_kafka.admin import AdminClient\n"
+                        f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
+                        f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq') "
+                        "if t in a.list_topics(timeout=10).topics]\n"
+                        "[f.result(30) for f in a.delete_topics(left).values()] if left else None")
 
 
 def _spark_webhook(enable: bool) -> None:
