@@ -1,11 +1,12 @@
 """Whether the cluster's SparkApplication CRD is one eopipe runs on (control/sparkcrd.py)."""
 
+import logging
 from pathlib import Path
 
 import pytest
 import yaml
 
-from eopipe.control.sparkcrd import CRD_NAME, judge
+from eopipe.control.sparkcrd import CRD_NAME, judge, startup_line
 
 LOCAL_CRD = Path(__file__).resolve().parents[2] / "localenv" / "crds" / f"{CRD_NAME}.yaml"
 
@@ -46,3 +47,12 @@ def test_judge(crd, reason, words):
 def test_the_process_tiers_crd_passes():
     crd = next(d for d in yaml.safe_load_all(LOCAL_CRD.read_text()) if d)
     assert judge(crd) is None
+
+
+@pytest.mark.parametrize(("crd", "level", "words"), [
+    (_crd(_version()), logging.INFO, "Spark stages can run"),
+    (None, logging.WARNING, "no pipeline's Spark stage can run until this is fixed: the cluster has no"),
+])
+def test_what_the_operator_says_at_start(crd, level, words):
+    got_level, line = startup_line(judge(crd))
+    assert got_level == level and words in line

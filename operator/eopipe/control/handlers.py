@@ -10,7 +10,7 @@ from confluent_kafka import KafkaException
 from kubernetes import client
 from prometheus_client import Counter, Gauge, Histogram
 
-from eopipe.control import stage_progress
+from eopipe.control import sparkcrd, stage_progress
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.reconcile import Reconciler
 from eopipe.control.settings import Settings
@@ -149,6 +149,15 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
         settings.posting.level = logging.INFO
         settings.watching.server_timeout = 120
         settings.networking.request_timeout = 60
+
+    @kopf.on.startup(registry=registry)
+    def check_spark_operator(logger, **_):
+        """Said once at start too, not only in the status of each pipeline with a Spark stage."""
+        try:
+            level, line = sparkcrd.startup_line(sparkcrd.check(reconciler().api))
+        except Exception as e:  # noqa: BLE001 - a log line never stops the start; each pass says it again
+            level, line = logging.WARNING, f"the Spark Operator's CRD could not be read: {e}"
+        logger.log(level, line)
 
     @kopf.on.resume(*RESOURCE, registry=registry)
     @kopf.on.create(*RESOURCE, registry=registry)

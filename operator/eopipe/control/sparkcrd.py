@@ -2,14 +2,15 @@
 CustomResourceDefinition is there, serves the version eopipe writes, and keeps the driver's and
 executors' pod templates (where eopipe puts the checkpoint volume, the security contexts and the
 env: control/builders/spark.py). A CRD without them would prune the templates silently, and a
-driver would run without its checkpoint claim and replay. Checked per pipeline on each pass,
-the CRD read at most once a minute (it is large: a list by name, which the operator's Kopf rights
+driver would run without its checkpoint claim and replay. Checked when the operator starts (a
+log line) and per pipeline on each pass (a condition), the CRD read at most once a minute (it is large: a list by name, which the operator's Kopf rights
 already allow).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -54,6 +55,13 @@ def judge(crd: dict | None) -> Condition | None:
                          f"than eopipe supports): the pods would lose their checkpoint volume and security "
                          f"contexts; install {SUPPORTED}")
     return None
+
+
+def startup_line(verdict: Condition | None) -> tuple[int, str]:
+    """What the operator logs at start about the Spark Operator it found."""
+    if verdict is None:
+        return logging.INFO, f"{CRD_NAME} serves {SPARK_VERSION} with pod templates: Spark stages can run"
+    return logging.WARNING, f"no pipeline's Spark stage can run until this is fixed: {verdict.message}"
 
 
 _lock = threading.Lock()
