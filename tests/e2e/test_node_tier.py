@@ -546,7 +546,9 @@ def test_spark_stage_lifecycle_through_the_real_operator(node_tier):
         app = wait(lambda: (a := kubectl_json("-n", ns, "get", "sparkapplication", app_name))
                    ["status"]["applicationState"]["state"] == "FAILED" and a, runs * 240, "SparkApplication FAILED")
         assert app["status"]["executionAttempts"] == runs, app["status"]
-        time.sleep(25)  # two passes of the operator (the tier's resync is 10 s)
+        # The pass that set Failed saw the application FAILED and left it; some time on, it is
+        # still the same application (a resubmission would be a new uid or more attempts).
+        time.sleep(25)
         again = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
         assert again["metadata"]["uid"] == app["metadata"]["uid"], "the operator submitted the application again"
         assert (again["status"]["executionAttempts"], again["status"]["applicationState"]["state"]) == (runs, "FAILED")
