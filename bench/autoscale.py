@@ -137,7 +137,7 @@ def bench(bootstrap: str, workdir: Path, rate: float = 300, seconds: tuple[float
     from eopipe.tools.loadgen import run_load
     from eopipe.tools.verify import verify
     from localenv.controlplane import ControlPlane
-    from localenv.fixtures_operator import CRDS, OperatorProcess, kubectl
+    from localenv.fixtures_operator import CRDS, OperatorProcess, kubectl, wait_established
     from localenv.nodeagent import NodeAgent
 
     ns, name, topic = "bench", "minimal", f"autoscale-{uuid.uuid4().hex[:6]}"
@@ -150,7 +150,7 @@ def bench(bootstrap: str, workdir: Path, rate: float = 300, seconds: tuple[float
         agent.start()
         for path in CRDS:
             kubectl(cp, "apply", "--server-side", "-f", str(path))
-            kubectl(cp, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(path))
+            wait_established(cp, "-f", str(path))
         kubectl(cp, "create", "namespace", ns)
         op = OperatorProcess(cp, ns, workdir)
         op.start()

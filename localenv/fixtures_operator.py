@@ -24,12 +24,26 @@ def kubectl(cp, *args: str, input: str | None = None, check: bool = True) -> sub
     return res
 
 
+def wait_established(cp, *target: str, timeout: float = 60) -> None:
+    """`kubectl wait --for=condition=Established` on CRDs, from right after their creation: a CRD
+    whose status has no conditions yet makes kubectl wait fail at once ("status.conditions
+    accessor error: <nil>"), not wait; so it is asked again until the timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = kubectl(cp, "wait", "--for=condition=Established", f"--timeout={timeout:.0f}s", *target, check=False)
+        if res.returncode == 0:
+            return
+        if "accessor error" not in res.stderr or time.monotonic() > deadline:
+            raise RuntimeError(f"kubectl wait Established {' '.join(target)} failed ({res.returncode}):\n{res.stderr}")
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def crds(control_plane):
     for path in CRDS:
         kubectl(control_plane, "apply", "--server-side", "-f", str(path))
     for path in CRDS:
-        kubectl(control_plane, "wait", "--for=condition=Established", "--timeout=60s", "-f", str(path))
+        wait_established(control_plane, "-f", str(path))
     return control_plane
 
 

@@ -7,8 +7,6 @@ fixtures_k8s and fixtures_operator). Fixtures:
 - spark_driver: a factory `spark_driver(config: dict, **env) -> SparkDriver` that runs
   `python -m spark_app.main --config FILE` as a local process group (master local[2,4]);
   every driver is killed at teardown. Only one Spark should run at a time on a small machine.
-- spark_runner (session): the test-only SparkApplication runner (localenv/sparkrunner.py)
-  as a subprocess on the local control plane, with the stand-in CRD installed.
 
 When a test using them fails, the tail of the drivers' logs is attached to its report.
 """
@@ -25,10 +23,8 @@ import pytest
 
 from localenv import REPO_ROOT, daemon
 from localenv.sparkdriver import RUNNING_LINE, DriverProcess
-from localenv.sparkrunner import RunnerProcess
 
 _DRIVERS_KEY = pytest.StashKey[list]()
-_RUNNER_KEY = pytest.StashKey[RunnerProcess]()
 
 
 def ensure_spark_jars() -> Path:
@@ -100,15 +96,6 @@ def spark_driver(spark_jars, tmp_path, request):
         d.kill()
 
 
-@pytest.fixture(scope="session")
-def spark_runner(crds, spark_jars, tmp_path_factory, request) -> RunnerProcess:
-    runner = RunnerProcess(crds.kubeconfig, tmp_path_factory.mktemp("sparkrunner"), spark_jars)
-    request.config.stash[_RUNNER_KEY] = runner
-    runner.start()
-    yield runner
-    runner.stop()
-
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     rep = (yield).get_result()
@@ -116,11 +103,6 @@ def pytest_runtest_makereport(item, call):
         return
     for d in item.stash.get(_DRIVERS_KEY, []):
         rep.sections.append((f"spark_app log (tail of {d.log_path})", d.tail(60, meaningful=True)))
-    runner = item.config.stash.get(_RUNNER_KEY, None)
-    if runner is not None and "spark_runner" in getattr(item, "fixturenames", ()):
-        rep.sections.append((f"spark runner log (tail of {runner.log_path})", runner.tail(30)))
-        for p in runner.driver_logs()[-1:]:
-            rep.sections.append((f"driver log (tail of {p})", daemon.last_lines(p, 40)))
 
 
 __all__ = ["SparkDriver", "RUNNING_LINE", "ensure_spark_jars"]

@@ -29,7 +29,7 @@ def pipe(kafka_bootstrap, tmp_path):
 _PARTS = {
     "kafka": {"kafka", "kafka_bootstrap", "kafka3", "kafka3_cluster", "pipe"},
     "k8s": {"control_plane", "kube_api", "k8s_namespace", "crds", "operator", "node_agent"},
-    "spark": {"spark_jars", "spark_driver", "spark_runner"},
+    "spark": {"spark_jars", "spark_driver"},
 }
 
 

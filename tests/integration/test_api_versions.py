@@ -29,7 +29,7 @@ from kubernetes import client
 from eopipe.control import crd
 from eopipe.core.spec import DEPRECATED_VERSIONS, GROUP, KIND, PLURAL, VERSION
 from localenv.controlplane import ControlPlane, ControlPlaneError
-from localenv.fixtures_operator import kubectl, wait_for
+from localenv.fixtures_operator import kubectl, wait_established, wait_for
 from tests.helpers.docs import sh_blocks
 from tests.helpers.pipelines import REPO, example_manifest, kubectl_apply, ready_pipeline, unique_topic
 
@@ -97,7 +97,7 @@ def old_cp(tmp_path_factory, tmp_path):
         path = tmp_path / "old-crd.yaml"
         path.write_text(yaml.safe_dump(old_crd(), sort_keys=False))
         kubectl(cp, "apply", "--server-side", "-f", str(path))
-        kubectl(cp, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        wait_established(cp, f"crd/{CRD_NAME}")
         kubectl(cp, "create", "namespace", "pipelines")
         assert stored_versions(cp) == [OLD]
         yield cp

@@ -23,7 +23,7 @@ import uuid
 import pytest
 import yaml
 
-from localenv.fixtures_operator import kubectl
+from localenv.fixtures_operator import kubectl, wait_established
 from tests.helpers.docs import sh_blocks
 from tests.helpers.helm import OPERATOR_GRANTS, ROOT
 
@@ -70,7 +70,7 @@ def test_kubectl_install_and_upgrade_as_documented(tools, helm_env, crds, tmp_pa
             run(command)
 
         # The objects, in the watched namespace and the operator's.
-        kubectl(cp, "wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
+        wait_established(cp, f"crd/{CRD}")
         kubectl(cp, "get", "-n", op_ns, "serviceaccount/eopipe", "service/eopipe-metrics")
         image = kubectl(cp, "get", "-n", op_ns, "deployment/eopipe", "-o",
                         "jsonpath={.spec.template.spec.containers[0].image}").stdout

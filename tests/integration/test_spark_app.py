@@ -25,7 +25,6 @@ from eopipe.core.sparkprogress import read_progress
 from eopipe.tools.loadgen import run_load
 from eopipe.tools.verify import TopicReader, verify
 from spark_app import progress, sink_kafka, sink_units
-from tests.helpers.pipelines import example_names
 from tests.helpers.sparkfiles import latest_batch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -456,87 +455,3 @@ def test_windowed_count_with_rocksdb_state_is_exact_after_a_kill(kafka_bootstrap
     state = list((tmp_path / "checkpoint" / "state").rglob("*.zip")) + \
         list((tmp_path / "checkpoint" / "state").rglob("*.changelog"))
     assert state, "no RocksDB state store files in the checkpoint"
-
-
-# ------------------------------------------------------------ on the control plane
-
-@pytest.mark.kafka
-@pytest.mark.spark
-@pytest.mark.k8s
-def test_spark_application_runs_on_the_control_plane(kafka_bootstrap, spark_runner, kube_api,
-                                                     k8s_namespace, tmp_path):
-    """The operator's SparkApplication, run by the test runner: SUBMITTED -> RUNNING, output
-    arrives; a bad config ends FAILING with the reason in errorMessage."""
-    from kubernetes import client
-
-    from eopipe.control.builders import spark
-    from eopipe.core.names import Names
-
-    base = example_names()
-    t = Topics(kafka_bootstrap)
-    run_load(kafka_bootstrap, t.source, 800, dup_ratio=0.0, seed=26)
-    spec = base.spec.model_copy(update={
-        "kafka": base.spec.kafka.model_copy(update={"bootstrap_servers": kafka_bootstrap}),
-        "sink": base.spec.sink.model_copy(update={"kafka": base.spec.sink.kafka.model_copy(update={"topic": t.sink})}),
-    })
-    names = Names(k8s_namespace, "payments", spec)
-    app = spark.spark_application(names, "eopipe-spark:dev")
-    # The checkpoint claim as the operator makes it, bound to a hostPath PV as the node agent's
-    # provisioner would: the runner mounts it at the checkpoint path, which it never rewrites.
-    from eopipe.control.builders import checkpoint
-    from localenv.nodeagent.volumes import pv_for_claim
-
-    core = client.CoreV1Api(kube_api)
-    pvc = core.create_namespaced_persistent_volume_claim(k8s_namespace, checkpoint.claim(names))
-    pv = pv_for_claim(kube_api.sanitize_for_serialization(pvc), str(tmp_path / "claim"))
-    try:
-        core.create_persistent_volume(pv)
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-        # A node agent running in this session provisioned the claim first (same PV name).
-        pv = kube_api.sanitize_for_serialization(core.read_persistent_volume(pv["metadata"]["name"]))
-    claim_dir = Path(pv["spec"]["hostPath"]["path"])
-    # The topics the operator would have made: point the config at this test's topics.
-    conf = json.loads(app["spec"]["arguments"][1])
-    conf.update(source_topic=t.source, sink={"kind": "kafka", "topic": t.sink, "commit_topic": t.commits})
-    app["spec"]["arguments"][1] = json.dumps(conf)
-    api = client.CustomObjectsApi(kube_api)
-    api.create_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", k8s_namespace, "sparkapplications", app)
-
-    def state():
-        obj = api.get_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", k8s_namespace,
-                                               "sparkapplications", app["metadata"]["name"])
-        return ((obj.get("status") or {}).get("applicationState") or {})
-
-    seen = set()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and state().get("state") != "RUNNING":
-        seen.add(state().get("state"))
-        time.sleep(0.5)
-    assert state().get("state") == "RUNNING", (state(), spark_runner.tail())
-    _wait_for_output(kafka_bootstrap, t.sink, 800, timeout=90)
-    rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, order=False, settle=3, timeout=60)
-    assert rep.ok, rep.line()
-    assert conf["checkpoint_location"] == "/var/lib/eopipe/checkpoints/payments"
-    assert list((claim_dir / "checkpoints" / "payments" / "offsets").iterdir()), "no checkpoint on the claim"
-
-    # A spec change with a bad trigger: the runner resubmits, the driver exits 2, the status
-    # says why (the operator turns it into ProcessingReady=False, SparkFailed).
-    conf["trigger"] = "whenever"
-    patch = {"spec": {"arguments": ["--config-json", json.dumps(conf)]}}
-    api.patch_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", k8s_namespace,
-                                       "sparkapplications", app["metadata"]["name"], patch)
-    deadline = time.monotonic() + 90
-    failing = {}
-    while time.monotonic() < deadline:
-        failing = state()
-        if failing.get("state") in ("FAILING", "PENDING_RERUN", "FAILED"):
-            break
-        time.sleep(0.5)
-    assert failing.get("state") in ("FAILING", "PENDING_RERUN", "FAILED"), failing
-    # As the Kubeflow operator words it, then (the stand-in only) the driver's termination log.
-    assert failing.get("errorMessage", "").startswith("driver container failed with ExitCode: 2, Reason: Error: ")
-    assert "trigger" in failing["errorMessage"]
-    api.delete_namespaced_custom_object("sparkoperator.k8s.io", "v1beta2", k8s_namespace,
-                                        "sparkapplications", app["metadata"]["name"])
