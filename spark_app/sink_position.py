@@ -3,7 +3,8 @@ no checkpoint (lost, or deleted on purpose) over a sink that already holds outpu
 
 A query without a checkpoint is a new run: it starts at `startingOffsets` and, from the
 earliest offset, would write everything again. Every committed marker of a narrow plan's unit
-(`src-<p>`) names the source range its rows came from, in the same transaction as the rows,
+(`src-<p>`, or `task-0` of a one-task batch) names the source ranges its rows came from, in the
+same transaction as the rows,
 so the sink holds partition p's records exactly up to the largest `until` of p's markers
 (Spark runs a partition's batches in order and starts batch B+1 only once every unit of B
 committed). Starting there continues the output with no gap and no duplicate. A stateful

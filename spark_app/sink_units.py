@@ -61,8 +61,8 @@ class PlanFacts:
     order_dependent: tuple[str, ...] = ()
 
 
-def _by_index(i: int) -> Unit:
-    return Unit(i, f"task-{i}", str(i), i)
+def _by_index(i: int, ranges: tuple[SourceRange, ...] = ()) -> Unit:
+    return Unit(i, f"task-{i}", str(i), i, ranges)
 
 
 def decide(facts: PlanFacts) -> list[Unit]:
@@ -74,8 +74,8 @@ def decide(facts: PlanFacts) -> list[Unit]:
             "drop REPARTITION(n) without columns, COALESCE or ORDER BY over the stream, or "
             "repartition by a column")
     n = len(facts.tasks)
-    if n <= 1:
-        return [_by_index(0)] if n else []
+    if n <= 1:  # one task reads the whole batch, in any order: its index names it, its ranges are all
+        return [_by_index(0, facts.tasks[0] or ())] if n else []
     split: dict[int, list[SourceRange]] = {}
     for ranges in facts.tasks:
         if ranges is not None and len(ranges) > 1:

@@ -24,6 +24,8 @@ CASES = [
      {0: 50, 1: 9}, {0: 50, 1: 9}),
     ("a grown source: new partitions start at the config's start",
      [m("src-0", 4, (0, 10, 20))], [0, 1, 2], "latest", {0: 20, 1: LATEST, 2: LATEST}, {0: 20}),
+    ("a one-task batch's marker names every range it wrote",
+     [m("task-0", 7, (0, 0, 40), (1, 0, 30))], [0, 1], "earliest", {0: 40, 1: 30}, {0: 40, 1: 30}),
     ("a stateful query's markers name no range", [m("task-0", 3), m("task-1", 3)], [0], "earliest",
      {0: EARLIEST}, {}),
     ("another topic's ranges (a source renamed) are not this one's",

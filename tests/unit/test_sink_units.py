@@ -13,6 +13,8 @@ CASES = [
     # (facts, [(marker key, transactional suffix, commit slot)] per task)
     ("no tasks", PlanFacts(()), []),
     ("one task keeps its index", PlanFacts((r(3),)), [("task-0", "0", 0)]),
+    ("one task reading several partitions (COALESCE(1)) is one unit", PlanFacts((r(0) + r(1),)),
+     [("task-0", "0", 0)]),
     ("narrow: named by source partition, whatever the task order",
      PlanFacts((r(2), r(0), r(1))), [("src-2", "p2", 2), ("src-0", "p0", 0), ("src-1", "p1", 1)]),
     ("narrow, the other order: the same names follow the same partitions",
@@ -33,7 +35,8 @@ def test_units(facts, want):
     assert [(u.marker_key, u.txn_suffix, u.slot) for u in units] == want
     assert [u.task for u in units] == list(range(len(want)))
     for u, ranges in zip(units, facts.tasks):
-        assert u.ranges == (ranges if u.marker_key.startswith("src-") else ())
+        # Every narrow unit records what it read (a lost checkpoint starts from there).
+        assert u.ranges == (ranges or ())
         assert u.legacy_key == (f"task-{u.task}" if u.marker_key.startswith("src-") else None)
 
 
