@@ -257,15 +257,18 @@ def _starting_offsets(spark, cfg: Config) -> str | None:
 
     if not isinstance(cfg.sink, KafkaSink) or not checkpoint_is_empty(spark, cfg.checkpoint_location):
         return None
-    markers = read_markers(cfg.kafka_client_config(), cfg.sink.commit_topic)
+    try:
+        markers = read_markers(cfg.kafka_client_config(), cfg.sink.commit_topic)
+    except ValueError as e:  # a value no sink of ours wrote: a restart reads it again
+        raise ConfigError([f"sink.commit_topic: {e}"]) from None
     if not markers:
         log(f"no checkpoint at {cfg.checkpoint_location} and no markers: a new run from {cfg.starting_offsets}")
         return None
     md = AdminClient(cfg.kafka_client_config()).list_topics(cfg.source_topic, timeout=60)
     plan = plan_start(markers, cfg.source_topic, md.topics[cfg.source_topic].partitions, cfg.starting_offsets)
-    if plan.problems:
-        raise RuntimeError("no checkpoint, and the sink's markers do not say where to start: "
-                           + "; ".join(plan.problems))
+    if plan.problems:  # as lasting as the markers: stop with the reason rather than restart
+        raise ConfigError([f"sink.commit_topic: no checkpoint, and the sink's markers do not say where "
+                           f"to start: {p}" for p in plan.problems])
     if not plan.from_markers:
         log(f"no checkpoint at {cfg.checkpoint_location}; the sink's markers name no source ranges "
             f"(a stateful query's): starting at {cfg.starting_offsets}, as a new run")

@@ -40,14 +40,17 @@ def plan_start(markers: Iterable[dict], topic: str, partitions: Iterable[int], d
     parts: dict[tuple[int, int, str | None], list[tuple[int, int, int]]] = {}
     problems = []
     for m in markers:
-        for r in m.get("source") or ():
-            if r.get("topic") != topic:
-                continue
-            p, until = int(r["partition"]), int(r["until"])
+        try:
+            ranges = [(int(r["partition"]), int(r["from"]), int(r["until"]))
+                      for r in m.get("source") or () if r.get("topic") == topic]
+            split = (int(m["batch"]), m.get("query"), int(m["parts"])) if m.get("parts") else None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            problems.append(f"marker {m.get('unit')!r} has a malformed source range ({type(e).__name__}: {e})")
+            continue
+        for p, start, until in ranges:
             ends[p] = max(ends.get(p, until), until)
-            if m.get("parts"):
-                parts.setdefault((p, int(m["batch"]), m.get("query")), []).append(
-                    (int(r["from"]), until, int(m["parts"])))
+            if split:
+                parts.setdefault((p, split[0], split[1]), []).append((start, until, split[2]))
     for (p, batch, _q), got in sorted(parts.items()):
         # A range Spark split into parts: its batch is written only if every part is.
         if max(u for _, u, _ in got) == ends[p] and len(got) < got[0][2]:
@@ -87,7 +90,11 @@ def read_markers(client_config: dict, commit_topic: str, timeout: float = 60.0) 
                 pending.discard(m.partition())
                 continue
             if m.value() is not None:
-                latest[m.key()] = json.loads(m.value())
+                try:
+                    latest[m.key()] = json.loads(m.value())
+                except ValueError:
+                    raise ValueError(f"{commit_topic}[{m.partition()}]@{m.offset()}: marker {m.key()!r} "
+                                     "is not JSON") from None
             if m.offset() + 1 >= ends[m.partition()][1]:
                 pending.discard(m.partition())
         return list(latest.values())

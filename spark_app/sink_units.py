@@ -138,14 +138,19 @@ def _scan_inputs(rdd, index: int):
     return None if shuffled else tuple(found)
 
 
-def _one_to_one_scan(rdd):
-    """The DataSourceRDD under a chain of one-to-one dependencies, or None."""
+def _one_to_one_end(rdd):
+    """Where a chain of one-to-one dependencies from `rdd` ends: ("scan", the DataSourceRDD),
+    ("shuffle", None) at a single shuffle dependency, else (None, None)."""
     while _name(rdd) != "DataSourceRDD":
         deps = _seq(rdd.dependencies())
-        if len(deps) != 1 or _name(deps[0]) != "OneToOneDependency":
-            return None
+        if len(deps) != 1:
+            return None, None
+        if _name(deps[0]) == "ShuffleDependency":
+            return "shuffle", None
+        if _name(deps[0]) != "OneToOneDependency":
+            return None, None
         rdd = deps[0].rdd()
-    return rdd
+    return "scan", rdd
 
 
 def _order_dependent(plan) -> list[str]:
@@ -172,9 +177,12 @@ def observe(rdd, plan) -> PlanFacts:
     are the tasks), `plan` the batch's executed plan."""
     jrdd = rdd._jrdd.rdd()
     n = len(jrdd.partitions())
-    scan = _one_to_one_scan(jrdd)
-    if scan is not None:  # the common stateless plan: one walk, not one per task
+    # The common plans take one walk, not one per task: stateless (a scan) and stateful (a shuffle).
+    end, scan = _one_to_one_end(jrdd)
+    if end == "scan":
         tasks = tuple(_scan_inputs(scan, i) for i in range(n))
+    elif end == "shuffle":
+        tasks = (None,) * n
     else:
         tasks = tuple(_scan_inputs(jrdd, i) for i in range(n))
     return PlanFacts(tasks, tuple(_order_dependent(plan)))

@@ -11,13 +11,11 @@ import re
 import shutil
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from eopipe.control.status import spark_lag, spark_processing
 from eopipe.core.keys import KeySpec
@@ -26,35 +24,13 @@ from eopipe.tools.loadgen import run_load
 from eopipe.tools.verify import TopicReader, verify
 from spark_app import progress, sink_kafka, sink_units
 from tests.helpers.sparkfiles import latest_batch
+from tests.helpers.sparktopics import Topics
 
 REPO = Path(__file__).resolve().parents[2]
 ID = KeySpec.parse("json:id")
 
 
 # ------------------------------------------------------------------------------ helpers
-
-class Topics:
-    """Source (the 'deduped' topic), sink and commit topics of one test."""
-
-    def __init__(self, bootstrap: str, partitions: int = 3):
-        self.bootstrap = bootstrap
-        run = uuid.uuid4().hex[:8]
-        self.pipeline = f"sp-{run}"
-        self.source, self.sink, self.commits = f"sp-{run}.deduped", f"sp-{run}-out", f"sp-{run}.commits"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        futs = admin.create_topics([NewTopic(self.source, partitions, 1), NewTopic(self.sink, partitions, 1),
-                                    NewTopic(self.commits, 1, 1, config={"cleanup.policy": "compact"})])
-        for f in futs.values():
-            f.result(30)
-
-    def config(self, tmp_path: Path, **over) -> dict:
-        doc = {"pipeline": self.pipeline, "namespace": "test", "bootstrap": self.bootstrap,
-               "source_topic": self.source, "trigger": "1s",
-               "checkpoint_location": str(tmp_path / "checkpoint"),
-               "sink": {"kind": "kafka", "topic": self.sink, "commit_topic": self.commits}}
-        doc.update(over)
-        return doc
-
 
 def _stable_ends(bootstrap: str, topic: str) -> dict[int, int]:
     """Per partition the last stable offset, as the operator reads it for status.processing."""

@@ -6,29 +6,18 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from eopipe.core.keys import KeySpec
 from eopipe.tools.loadgen import run_load
 from eopipe.tools.verify import TopicReader, verify
 from localenv import REPO_ROOT, daemon
+from tests.helpers.sparktopics import Topics
 
 OUTAGE_S = 30
 RATE = 40  # records/s: the load (4000, 100 s) outlasts the first driver, its kill and the outage's start
-
-
-def _topics(bootstrap: str, run: str) -> tuple[str, str, str]:
-    source, sink, commits = f"s3a-{run}.deduped", f"s3a-{run}-out", f"s3a-{run}.commits"
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the futures resolve
-    futs = admin.create_topics(
-        [NewTopic(source, 3, 1), NewTopic(sink, 3, 1), NewTopic(commits, 1, 1, config={"cleanup.policy": "compact"})])
-    for f in futs.values():
-        f.result(30)
-    return source, sink, commits
 
 
 def _sink_count(bootstrap: str, topic: str) -> int:
@@ -54,17 +43,14 @@ def _until(cond, timeout: float, what: str) -> None:
 @pytest.mark.spark
 @pytest.mark.slow
 def test_kafka_sink_with_s3a_checkpoint_is_exact_across_a_driver_kill_and_an_object_store_outage(
-        kafka_bootstrap, spark_driver, spark_jars, object_store):
-    run = uuid.uuid4().hex[:8]
-    bucket = f"ckpt-{run}"
+        kafka_bootstrap, spark_driver, spark_jars, object_store, tmp_path):
+    t = Topics(kafka_bootstrap)
+    source, sink, bucket = t.source, t.sink, f"ckpt-{t.pipeline}"
     object_store.client().create_bucket(bucket)  # as a user would, with the S3 API
-    source, sink, commits = _topics(kafka_bootstrap, run)
     aws_jars = daemon.script_output(REPO_ROOT / "hack" / "fetch-hadoop-aws.sh")[-1]
-    config = {"pipeline": f"s3a-{run}", "namespace": "test", "bootstrap": kafka_bootstrap,
-              "source_topic": source, "trigger": "1s", "checkpoint_location": f"s3a://{bucket}/checkpoint",
-              "sink": {"kind": "kafka", "topic": sink, "commit_topic": commits},
-              # What the operator's hadoopConf becomes; the credentials come as env (from a Secret).
-              "spark_conf": {f"spark.hadoop.{k}": v for k, v in object_store.hadoop_conf().items()}}
+    # The operator's hadoopConf becomes spark.hadoop.*; the credentials come as env (from a Secret).
+    config = t.config(tmp_path, checkpoint_location=f"s3a://{bucket}/checkpoint",
+                      spark_conf={f"spark.hadoop.{k}": v for k, v in object_store.hadoop_conf().items()})
     jars = ",".join(str(p) for d in (spark_jars, aws_jars) for p in sorted(Path(d).glob("*.jar")))
     d = spark_driver(config, EOPIPE_SPARK_JARS=jars, **object_store.creds.env())
 

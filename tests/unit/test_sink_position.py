@@ -50,3 +50,12 @@ def test_start(markers, partitions, default, offsets, placed):
 def test_a_split_range_with_a_part_missing_has_no_exact_start():
     plan = plan_start([m("src-0.1", 6, (0, 50, 100), parts=2)], "src", [0], "earliest")
     assert plan.problems and "batch 6 committed 1 of its 2 parts" in plan.problems[0]
+
+
+@pytest.mark.parametrize("bad", [{"source": [{"topic": "src", "partition": "x", "from": 0, "until": 5}]},
+                                 {"source": [{"topic": "src", "partition": 0}]},
+                                 {"source": ["not a range"]}, {"source": [{"topic": "src", "partition": 0, "from": 0,
+                                                                          "until": 9}], "parts": 2}])
+def test_a_malformed_marker_is_a_problem_not_a_guess(bad):
+    plan = plan_start([{"unit": "src-0", **bad}], "src", [0], "earliest")
+    assert plan.problems and "malformed source range" in plan.problems[0], plan

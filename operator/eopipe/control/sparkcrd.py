@@ -3,8 +3,8 @@ CustomResourceDefinition is there, serves the version eopipe writes, and keeps t
 executors' pod templates (where eopipe puts the checkpoint volume, the security contexts and the
 env: control/builders/spark.py). A CRD without them would prune the templates silently, and a
 driver would run without its checkpoint claim and replay. Checked when the operator starts (a
-log line) and per pipeline on each pass (a condition), the CRD read at most once a minute (it is large: a list by name, which the operator's Kopf rights
-already allow).
+log line) and per pipeline on each pass (a condition), the CRD read at most once a minute (it is
+large: a list by name, which the operator's Kopf rights already allow).
 """
 
 from __future__ import annotations
