@@ -418,14 +418,7 @@ def test_spark_stage_on_pods_exactly_once(node_tier):
         log(f"load: {json.loads(out)}")
         log(f"kubectl get pods -o wide\n{kubectl('-n', ns, 'get', 'pods', '-o', 'wide')}")
 
-        common = ["--bootstrap", BOOTSTRAP, "--source", "payments", "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
-                  "--json", "--timeout", "400"]
-        for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
-                            ("end to end", ["--output", "payments-enriched", "--no-order", "--settle", "30"])):
-            res = eopipe("verify", *common, *extra)
-            log(f"eopipe verify, {what}: {res.stdout}{res.stderr}")
-            rep = json.loads(res.stdout)
-            assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
+        for what, rep in _verify_both_stages(ns, name, "payments", "payments-enriched").items():
             assert rep["unique_in"] > 15000, (what, rep)
         # The Spark stage in status, read by the operator (a pod) from the driver pod's /progress.
 
@@ -437,9 +430,7 @@ def test_spark_stage_on_pods_exactly_once(node_tier):
         assert "error" not in proc and proc.get("lastBatchTime"), proc
         assert proc.get("processedRowsPerSecond") is not None, proc
     finally:  # passed or not, its driver and executors leave the node's two cores to the next test
-        kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s", check=False)
-        wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120,
-             "the Spark pods gone")
+        _delete_spark_pipeline(ns, name, check=False)
 
 
 def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
@@ -486,7 +477,28 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
         f"{sum(n > 1 for n in counts.values())} twice, {len(set(sent['expected']) - set(counts))} missing")
     assert all(r[1] is not None and r[2] for r in rows), rows[:3]
     assert set(counts) == set(sent["expected"]) and max(counts.values()) == 1
-    kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s")  # the cores to the next test
+    _delete_spark_pipeline(ns, name)  # the cores to the next test
+
+
+def _verify_both_stages(ns: str, name: str, source: str, sink: str) -> dict[str, dict]:
+    """`eopipe verify` of the dedup stage and end to end, each with nothing lost and nothing twice;
+    the reports by stage."""
+    common = ["--bootstrap", BOOTSTRAP, "--source", source, "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
+              "--json", "--timeout", "400"]
+    reports = {}
+    for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
+                        ("end to end", ["--output", sink, "--no-order", "--settle", "30"])):
+        res = eopipe("verify", *common, *extra)
+        log(f"eopipe verify, {what}: {res.stdout}{res.stderr}")
+        rep = reports[what] = json.loads(res.stdout)
+        assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
+    return reports
+
+
+def _delete_spark_pipeline(ns: str, name: str, check: bool = True) -> None:
+    """Deleted with its Spark pods gone: a driver left running holds the node's cores, and the
+    next Spark test's driver would stay Pending."""
+    kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s", check=check)
     wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
 
 
@@ -634,19 +646,10 @@ def test_spark_stage_lifecycle_through_the_real_operator(node_tier):
             == pvc["metadata"]["uid"]
         assert json.loads((checkpoint / "metadata").read_text())["id"] == query  # the same query, resumed
 
-        common = ["--bootstrap", BOOTSTRAP, "--source", src, "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
-                  "--json", "--timeout", "400"]
-        for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
-                            ("end to end", ["--output", sink, "--no-order", "--settle", "30"])):
-            res = eopipe("verify", *common, *extra)
-            log(f"eopipe verify, {what}: {res.stdout}{res.stderr}")
-            rep = json.loads(res.stdout)
-            assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
+        for what, rep in _verify_both_stages(ns, name, src, sink).items():
             assert rep["unique_in"] == sent["unique"], (what, rep)
     finally:  # passed or not: the node's cores and the topics to the next test
-        kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s", check=False)
-        wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120,
-             "the Spark pods gone")
+        _delete_spark_pipeline(ns, name, check=False)
         nodetier.python("from confluent_kafka.admin import AdminClient\n"
                         f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
                         f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq') "
@@ -684,9 +687,7 @@ def test_spark_pods_keep_the_spec_with_the_webhook_off(node_tier):
     _spark_webhook(False)
     try:
         _start_spark_example(ns, name, "payments.yaml")
-        kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s")
-        wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120,
-             "the Spark pods gone")
+        _delete_spark_pipeline(ns, name)
     finally:
         _spark_webhook(True)
 
