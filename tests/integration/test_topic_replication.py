@@ -7,12 +7,13 @@ import uuid
 
 import pytest
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient
 
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.topics import ensure_topics
 from eopipe.core.names import Names
 from eopipe.core.spec import PipelineSpec
+from tests.helpers.pipelines import topic_config
 
 pytestmark = pytest.mark.kafka
 
@@ -26,13 +27,14 @@ def _names(bootstrap: str, **source) -> Names:
 
 def _made(admin: AdminClient, topic: str) -> tuple[int, str]:
     """(replicas of each partition, min.insync.replicas) as Kafka has them. A topic just created
-    may have no partitions yet in the metadata of the broker asked."""
+    may be unknown yet to the broker asked (its metadata or its configs)."""
     deadline = time.monotonic() + 20
     while not (md := admin.list_topics(topic, timeout=10).topics[topic]).partitions and time.monotonic() < deadline:
         time.sleep(0.2)
     (replicas,) = {len(p.replicas) for p in md.partitions.values()}
-    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    return replicas, admin.describe_configs([res])[res].result(30)["min.insync.replicas"].value
+    while (min_isr := topic_config(admin, topic, "min.insync.replicas")) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return replicas, min_isr
 
 
 def _ensure(bootstrap: str, names: Names):
