@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eopipe.control import policy
+from eopipe.control import crd, policy
 from eopipe.core.spec import WINDOW_MESSAGE, ZERO_WINDOW_MESSAGE
 from eopipe.tools import manifests
 
@@ -167,13 +167,16 @@ def test_the_table_is_broad():
 
 def test_the_base_manifest_is_valid(tmp_path):
     """Every case above is one mistake away from a valid manifest; the deprecated API version,
-    still served with the same schema, is valid too."""
+    still served with the same schema, is valid too, with the warning the API server gives."""
     f = tmp_path / "pipeline.yaml"
-    for text in (BASE, BASE.replace("eopipe.dev/v1beta1", "eopipe.dev/v1alpha1"),
-                 dedup("window: 1h", "key: {from: jsonField, name: id}"),
+    for text in (BASE, dedup("window: 1h", "key: {from: jsonField, name: id}"),
                  PROCESSING.replace("    serviceAccount: admin\n", "")):
         f.write_text(text)
         assert run_validate(f) == (0, f"{f}: ExactlyOncePipeline/p: valid\n")
+    f.write_text(BASE.replace("eopipe.dev/v1beta1", "eopipe.dev/v1alpha1"))
+    (warning,) = [v["deprecationWarning"] for v in crd.crd()["spec"]["versions"] if v.get("deprecated")]
+    assert run_validate(f) == (0, f"{f}: ExactlyOncePipeline/p: Warning: {warning}\n"
+                                  f"{f}: ExactlyOncePipeline/p: valid\n")
 
 
 def test_of_several_files_the_one_without_a_pipeline_is_the_mistake(tmp_path):

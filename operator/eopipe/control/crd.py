@@ -82,10 +82,6 @@ def crd() -> dict:
     }
 
 
-def deprecation_warning(name: str) -> str:
-    return f"{spec.GROUP}/{name} {spec.KIND} is deprecated; use {spec.GROUP}/{spec.VERSION}"
-
-
 def version(name: str, *, deprecated: bool = False) -> dict:
     """One served version; only the current one is stored. A deprecated one makes the API server
     add a warning to each answer (kubectl prints it)."""
@@ -93,7 +89,7 @@ def version(name: str, *, deprecated: bool = False) -> dict:
         "name": name,
         "served": True,
         "storage": not deprecated,
-        **({"deprecated": True, "deprecationWarning": deprecation_warning(name)} if deprecated else {}),
+        **({"deprecated": True, "deprecationWarning": spec.deprecation_warning(name)} if deprecated else {}),
         # The scale subresource: `kubectl scale`, an HPA or KEDA drive the dedup pods;
         # the operator moves partitions live, as for an edit of spec.dedup.replicas.
         "subresources": {"status": {}, "scale": {"specReplicasPath": ".spec.dedup.replicas",

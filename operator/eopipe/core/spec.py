@@ -41,6 +41,11 @@ PLURAL = "exactlyoncepipelines"
 RESOURCE = (GROUP, VERSION, PLURAL)  # how kopf and the custom objects API name it
 
 
+def deprecation_warning(version: str) -> str:
+    """What the API server says (kubectl prints it) of each request in a deprecated version."""
+    return f"{GROUP}/{version} {KIND} is deprecated; use {GROUP}/{VERSION}"
+
+
 
 class SecretKeyRef(Model):
     name: str = Field(min_length=1, description="Secret name, in the pipeline's namespace")

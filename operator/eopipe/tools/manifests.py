@@ -17,7 +17,7 @@ from eopipe.control.settings import Settings
 from eopipe.core import manifest
 from eopipe.core.durations import duration_ms
 from eopipe.core.names import Names
-from eopipe.core.spec import KIND
+from eopipe.core.spec import DEPRECATED_VERSIONS, GROUP, KIND, deprecation_warning
 
 VALID, INVALID, USAGE = 0, 1, 2
 
@@ -206,6 +206,11 @@ def validate(paths: list[str], out: TextIO = sys.stdout, tenant_policy: policy.T
                 print(f"{shown}: {label}: skipped, not an {KIND}", file=out)
                 continue
             pipelines += 1
+            version = str(doc.get("apiVersion"))
+            if version.removeprefix(f"{GROUP}/") in DEPRECATED_VERSIONS and version.startswith(f"{GROUP}/"):
+                # Served still, as the API server would warn (kubectl prints it); not a problem.
+                print(f"{shown}: {label}: Warning: {deprecation_warning(version.removeprefix(f'{GROUP}/'))}",
+                      file=out)
             problems = problems_of(node, doc, tenant_policy, allowed_registries)
             for problem in problems:
                 print(f"{shown}:{line_of(node, field_path(problem))}: {label}: {problem}", file=out)
