@@ -1,12 +1,15 @@
 """The state endpoints' bearer token with real workers (docs/design.md#access-control): a handoff
 by snapshot between two workers that share the pipeline's token, the served snapshot refused
 without the token and given with it, a new owner with a wrong token rebuilding instead, and a
-worker with no token refusing its state endpoints unless told it may serve them open.
+worker with no token refusing its state endpoints unless told it may serve them open; and a
+worker restarted on its state with a longer, then a shorter dedup window.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
+from collections import Counter
 
 import pytest
 
@@ -65,3 +68,68 @@ def test_state_endpoints_need_the_token(pipe):
         assert w.terminate() == 0
     rep = pipe.verify()
     assert rep.lost == 0 and rep.duplicated == 0 and rep.out == stats["unique"], rep.line()
+
+
+MIN = 60_000
+
+
+def test_a_changed_window_keeps_its_promise(pipe):
+    """docs/design.md#window-changes, with a real worker restarted on its state: a longer window
+    catches a duplicate the old one had already forgotten (its coverage is scanned from the
+    source), a shorter one lets through a duplicate beyond it and still catches one inside it
+    stored in a segment of the old length; nothing lost. Counted on the output topic."""
+    from confluent_kafka import Producer
+
+    from eopipe.core.partitioner import murmur2_partition
+    from eopipe.tools.verify import TopicReader
+
+    ten = 10 * MIN
+    now = int(time.time() * 1000)
+    head = ((now - 60 * MIN) // ten) * ten + 8 * MIN  # the watermark; 8 m into a 10 m segment
+    keys, home = {}, {"p1": 1, "p2": 2}  # p1, p2: one record on each other partition (drained checks)
+    for name in ("A", "B", "C", "F", "G", "head", "p1", "p2"):  # the others' home is partition 0
+        keys[name] = next(k for i in range(1000)
+                          if murmur2_partition(k := f"{name}-{i}".encode(), 3) == home.get(name, 0))
+    prod = Producer({"bootstrap.servers": pipe.bootstrap, "enable.idempotence": True})
+    failed = []
+
+    def send(*records):
+        for name, ago in records:
+            prod.produce(pipe.source, b"v", keys[name], home.get(name, 0), timestamp=head - ago,
+                         on_delivery=lambda err, _m: err and failed.append(err))
+        assert prod.flush(30) == 0 and not failed, failed
+        pipe.wait_drained()
+
+    def run(window: str):
+        return pipe.worker([0, 1, 2], extra=["--window", window]).start().wait_ready()
+
+    def store(w) -> dict:
+        return w.status()["partitions"]["0"]["store"]
+
+    # 10 m (2.5 m segments): A expires once the head's event time arrives; C's duplicate is caught.
+    w = run("10m")
+    send(("A", 30 * MIN), ("p1", 30 * MIN), ("p2", 30 * MIN))
+    send(("head", 0), ("C", 3 * MIN))
+    send(("C", 3 * MIN))
+    windows = [store(w)["effective_window_seconds"]]
+    assert w.terminate() == 0
+    # 40 m (10 m segments): the store covered only since A's segment ended; the restart scans
+    # the source over the new window, so A's duplicate (30 m back) is caught.
+    w = run("40m")
+    windows.append(store(w)["effective_window_seconds"])
+    assert w.status()["partitions"]["0"]["recovery"]["replayed"] == 4
+    send(("A", 30 * MIN), ("B", 25 * MIN), ("F", 4 * MIN))
+    assert w.terminate() == 0
+    # 5 m (75 s segments): B (25 m back) is beyond it and passes; F (4 m back) is inside, in the
+    # 10 m segment [head-8m, head+2m) that a 75 s length would have dropped, and is caught.
+    w = run("5m")
+    send(("G", MIN))
+    send(("B", 25 * MIN), ("F", 4 * MIN), ("C", 3 * MIN))
+    windows.append(store(w)["effective_window_seconds"])
+    assert w.terminate() == 0
+
+    counts = Counter(m.key() for m in TopicReader(pipe.bootstrap).read(pipe.output, timeout=60))
+    want = {"A": 1, "B": 2, "C": 1, "F": 1, "G": 1, "head": 1, "p1": 1, "p2": 1}
+    assert counts == Counter({keys[n]: c for n, c in want.items()}), counts
+    # What each worker reported it covers: its whole window, the longer one from the restart on.
+    assert windows == [600, 2400, 300]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 from pathlib import Path
@@ -14,6 +15,9 @@ MAX_SKEW_MS = 60_000
 _META_APPLIED = b"applied_offset"
 _META_WATERMARK = b"watermark_ms"
 _META_COVERED = b"covered_since_ms"
+# The window the store was last opened for: a longer one may need its coverage extended
+# (dedup/recovery.extend_since_ms); absent in stores written before it was kept.
+_META_WINDOW = b"window_ms"
 # The source partition count this partition's keys are complete for (set after a re-shard
 # import; absent in stores that never went through one) and the last re-shard imported.
 _META_NPARTS = b"partition_count"
@@ -30,8 +34,25 @@ def _dec(b: bytes | None) -> int | None:
     return None if b is None else _I64.unpack(b)[0]
 
 
-def _seg_name(start_ms: int) -> str:
-    return f"{_SEG_PREFIX}{start_ms:016d}"
+def _seg_name(start_ms: int, length_ms: int) -> str:
+    """A segment's column family names its span: a store keeps segments of the lengths it had
+    when each was created, so a changed window (segment = window / segments) expires each by
+    its own end."""
+    return f"{_SEG_PREFIX}{start_ms:016d}.{length_ms}"
+
+
+def _parse_seg(name: str) -> tuple[int, int | None]:
+    """(start, length) of a segment's name; length None: a name without one (older stores)."""
+    start, _, length = name[len(_SEG_PREFIX):].partition(".")
+    return int(start), int(length) if length else None
+
+
+def legacy_length_ms(starts: list[int], window_ms: int) -> int:
+    """The length of segments named without one (written before lengths were kept), all of one
+    length L whose starts are multiples of L: their gcd is a multiple of L, so never shorter
+    (a segment is never dropped early), and is L as soon as two of them are neighbours; capped
+    at the window (a lone segment's gcd is its start)."""
+    return max(1, min(math.gcd(*starts) or window_ms, window_ms))
 
 
 def _by_segment(entries: dict[bytes, int] | Iterable[tuple[bytes, int]], seg_ms: int, now_ms: int,
@@ -79,16 +100,27 @@ class PartitionStore:
         names = Rdict.list_cf(str(self.path), parent.options()) if (self.path / "CURRENT").exists() else ["default"]
         cfs = {n: parent.options() for n in names if n != "default"}
         self._db = Rdict(str(self.path), parent.options(), column_families=cfs or None)
-        self._segments: dict[int, Rdict] = {}
-        self._handles: dict[int, object] = {}
-        for n in names:
-            if n.startswith(_SEG_PREFIX):
-                start = int(n[len(_SEG_PREFIX):])
-                self._segments[start] = self._db.get_column_family(n)
-                self._handles[start] = self._db.get_column_family_handle(n)
+        # Segments by (start, length): the keys whose event time is in [start, start + length).
+        self._segments: dict[tuple[int, int], Rdict] = {}
+        self._handles: dict[tuple[int, int], object] = {}
+        self._names: dict[tuple[int, int], str] = {}
+        spans = {n: _parse_seg(n) for n in names if n.startswith(_SEG_PREFIX)}
+        legacy = [start for start, length in spans.values() if length is None]
+        legacy_len = legacy_length_ms(legacy, parent.window_ms) if legacy else 0
+        for n, (start, length) in spans.items():
+            seg = (start, length or legacy_len)
+            self._names[seg] = n
+            self._segments[seg] = self._db.get_column_family(n)
+            self._handles[seg] = self._db.get_column_family_handle(n)
         self.applied_offset: int | None = _dec(self._db.get(_META_APPLIED))
         self.watermark_ms: int | None = _dec(self._db.get(_META_WATERMARK))
+        # The event time since which the store holds every key it was given (None: since it
+        # began): raised by expiry, set by a rebuild or an extension (docs/design.md#window-changes).
         self.covered_since_ms: int | None = _dec(self._db.get(_META_COVERED))
+        if legacy and self.covered_since_ms is None:
+            # An older store did not note what it expired: complete since its oldest segment.
+            self.covered_since_ms = min(legacy)
+        self.kept_window_ms: int | None = _dec(self._db.get(_META_WINDOW))
         self.partition_count: int | None = _dec(self._db.get(_META_NPARTS))
         self.reshard_id: int | None = _dec(self._db.get(_META_RESHARD))
         self._closed = False
@@ -98,10 +130,10 @@ class PartitionStore:
         """The subset of `keys` present in any live segment (batched multi-gets)."""
         found: set[bytes] = set()
         remaining = keys
-        for start in sorted(self._segments, reverse=True):  # recent segments hit most
+        for seg in sorted(self._segments, reverse=True):  # recent segments hit most
             if not remaining:
                 break
-            vals = self._segments[start].get(remaining)
+            vals = self._segments[seg].get(remaining)
             hit = [k for k, v in zip(remaining, vals) if v is not None]
             if hit:
                 found.update(hit)
@@ -109,12 +141,17 @@ class PartitionStore:
         return found
 
     def segment_starts(self) -> list[int]:
+        return sorted(start for start, _ in self._segments)
+
+    def segments(self) -> list[tuple[int, int]]:
+        """(start, length) of every live segment, oldest first."""
         return sorted(self._segments)
 
     def iter_keys(self):
         """(segment start ms, key) for every key of every live segment."""
-        for start in sorted(self._segments):
-            it = self._segments[start].iter()
+        for seg in sorted(self._segments):
+            start = seg[0]
+            it = self._segments[seg].iter()
             it.seek_to_first()
             while it.valid():
                 yield start, it.key()
@@ -145,7 +182,7 @@ class PartitionStore:
                 by_seg.setdefault(oldest, []).extend(late)
         wb = WriteBatch(raw_mode=True)
         for start, keys in by_seg.items():
-            h = self._handle(start)
+            h = self._handle((start, seg_ms))
             put = wb.put
             # In key order: the memtable's skip list then inserts each key next to the previous
             # one instead of searching from the top (a third less CPU per key, sort included).
@@ -175,25 +212,40 @@ class PartitionStore:
         if wm is not None:
             self.expire()
 
-    def _handle(self, start: int):
-        h = self._handles.get(start)
+    def _handle(self, seg: tuple[int, int]):
+        h = self._handles.get(seg)
         if h is None:
-            name = _seg_name(start)
-            self._segments[start] = self._db.create_column_family(name, self.parent.options())
-            h = self._handles[start] = self._db.get_column_family_handle(name)
+            name = self._names[seg] = _seg_name(*seg)
+            self._segments[seg] = self._db.create_column_family(name, self.parent.options())
+            h = self._handles[seg] = self._db.get_column_family_handle(name)
         return h
 
     def expire(self) -> list[int]:
-        """Drops whole segments that ended at or before watermark - window."""
+        """Drops whole segments that ended, by their own length, at or before watermark -
+        window, and notes that the store is complete only since the latest end dropped."""
         if self.watermark_ms is None:
             return []
         cut = self.watermark_ms - self.parent.window_ms
-        dropped = [s for s in self._segments if s + self.parent.segment_ms <= cut]
-        for s in dropped:
-            self._segments.pop(s, None)
-            self._handles.pop(s, None)
-            self._db.drop_column_family(_seg_name(s))
-        return dropped
+        dropped = [seg for seg in self._segments if seg[0] + seg[1] <= cut]
+        if not dropped:
+            return []
+        since = max(start + length for start, length in dropped)
+        if self.covered_since_ms is None or since > self.covered_since_ms:
+            self.note(covered_since_ms=since)
+        for seg in dropped:
+            self._segments.pop(seg, None)
+            self._handles.pop(seg, None)
+            self._db.drop_column_family(self._names.pop(seg))
+        return sorted(start for start, _ in dropped)
+
+    def note(self, *, covered_since_ms: int | None = None, window_ms: int | None = None) -> None:
+        """Sets the coverage meta: complete since `covered_since_ms`, kept for `window_ms`."""
+        if covered_since_ms is not None:
+            self._db.put(_META_COVERED, _enc(covered_since_ms))
+            self.covered_since_ms = covered_since_ms
+        if window_ms is not None:
+            self._db.put(_META_WINDOW, _enc(window_ms))
+            self.kept_window_ms = window_ms
 
     # -- reporting ------------------------------------------------------------------------
     def effective_window_ms(self) -> int:
@@ -212,7 +264,7 @@ class PartitionStore:
             mem += cf.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
         return {"keys": keys, "bytes": sst + mem, "sst_bytes": sst, "memtable_bytes": mem,
                 "segments": len(self._segments), "applied_offset": self.applied_offset,
-                "watermark_ms": self.watermark_ms,
+                "watermark_ms": self.watermark_ms, "covered_since_ms": self.covered_since_ms,
                 "effective_window_seconds": self.effective_window_ms() / 1000}
 
     def checkpoint(self, dest: Path | str) -> Path:

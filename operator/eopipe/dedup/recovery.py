@@ -44,6 +44,11 @@ class Facts:
     now_ms: int
     window_ms: int
     segment_ms: int
+    # The store's coverage (dedup/partition_store.py): complete since this event time (None:
+    # since it began), its watermark, and the window it was last kept for (None: not noted).
+    store_covered_since: int | None = None
+    store_watermark: int | None = None
+    store_window: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class Plan:
     skip_below: int | None = None        # no commit yet: the store starts here, nothing below is read
     replay_from: int | None = None       # REPLAY: the keys of [replay_from, resume_at) go into the store
     rebuild_since_ms: int | None = None  # REBUILD: an empty store, filled from the records since then
+    extend_since_ms: int | None = None   # a kept store, scanned from the records since then (a longer window)
     mark_complete: bool = True           # the keys are complete for home_count (else an import completes them)
     lost: int = 0                        # records retention deleted before they were processed
 
@@ -85,7 +91,28 @@ def plan(f: Facts) -> Plan:
     reshard_id = None if p.fresh_store else f.store_reshard
     importing = rs is not None and f.partition < rs.new_count and reshard_id != rs.id
     return replace(p, mark_complete=not importing or p.action == REBUILD,
-                   lost=max(0, f.log_start - p.resume_at))
+                   lost=max(0, f.log_start - p.resume_at),
+                   extend_since_ms=None if p.fresh_store else extend_since_ms(f))
+
+
+def extend_since_ms(f: Facts) -> int | None:
+    """Where a kept store is scanned from so that it covers a window longer than the one it
+    was kept for (docs/design.md#window-changes), or None.
+
+    A store kept for a shorter window expired the keys older than that window; the window now
+    promises duplicates of records since `head - window` (head: its watermark, at most now).
+    The scan covers them as a rebuild would, keeping the keys the store has; a store already
+    complete that far back (it never expired anything, or did so under a longer window) needs
+    none. A window that did not grow never scans: a store that a rebuild could fill only from
+    the log start reports its shorter effective window instead of rescanning at each restart."""
+    if f.store_window is not None and f.window_ms <= f.store_window:
+        return None
+    if f.store_covered_since is None:
+        return None
+    head = f.now_ms if f.store_watermark is None else min(f.now_ms, f.store_watermark)
+    if f.store_covered_since <= head - f.window_ms:
+        return None
+    return window_start_ms(head, f.window_ms, f.segment_ms)
 
 
 def window_start_ms(now_ms: int, window_ms: int, segment_ms: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from logging import ERROR
+from logging import ERROR, WARNING
 
 from eopipe.core.wire import Recovery
 from eopipe.dedup import recovery
@@ -37,8 +37,27 @@ def rebuild(ctx: PartitionContext, p: int, source: SourceReader, end: int, lo: i
     ctx.store.drop(p)
     store = ctx.store.open(p)
     ctx.metrics.rebuilds.labels(str(p)).inc()
+    # Complete since `since_ms`, unless the scan starts at the log start (it then notes that).
+    store.note(covered_since_ms=since_ms)
     return store, source.rebuild(store, end, lo, since_ms=since_ms, reshards=ctx.assignment().reshards,
                                  count=ctx.home_count())
+
+
+def extend(ctx: PartitionContext, p: int, store: PartitionStore, source: SourceReader, end: int, lo: int,
+           since_ms: int) -> int:
+    """A longer window than the store was kept for: the keys of the records since `since_ms`
+    are scanned into the kept store (as a rebuild would, without dropping what it has).
+    Returns the records scanned."""
+    before = store.covered_since_ms
+    event(log, WARNING, "the dedup window grew: scanning the source into the state to cover it",
+          partition=p, covered_since_ms=before, since_ms=since_ms)
+    store.note(covered_since_ms=since_ms)
+    n = source.rebuild(store, end, lo, since_ms=since_ms, reshards=ctx.assignment().reshards,
+                       count=ctx.home_count())
+    # A scan from the log start covers less (the scan noted from when): the store is complete
+    # since the older of that and what it was complete since before.
+    store.note(covered_since_ms=min(before, store.covered_since_ms))
+    return n
 
 
 def restore(ctx: PartitionContext, p: int, source: SourceReader, t0: float) -> Restored:
@@ -56,7 +75,9 @@ def restore(ctx: PartitionContext, p: int, source: SourceReader, t0: float) -> R
         partition=p, committed=committed, log_start=lo, applied=applied,
         store_count=store.partition_count, store_reshard=store.reshard_id, home_count=count,
         reshard=recovery.Reshard(int(rs["id"]), int(rs["from"]), int(rs["to"])) if rs else None,
-        now_ms=int(time.time() * 1000), window_ms=cfg.window_ms, segment_ms=cfg.segment_ms))
+        now_ms=int(time.time() * 1000), window_ms=cfg.window_ms, segment_ms=cfg.segment_ms,
+        store_covered_since=store.covered_since_ms, store_watermark=store.watermark_ms,
+        store_window=store.kept_window_ms))
     replayed = 0
     if plan.action is recovery.RESET:
         ctx.store.drop(p)
@@ -67,6 +88,11 @@ def restore(ctx: PartitionContext, p: int, source: SourceReader, t0: float) -> R
         replayed = source.replay(store, plan.replay_from, plan.resume_at, reshards=a.reshards, count=count)
     elif plan.action is recovery.REBUILD:
         store, replayed = rebuild(ctx, p, source, plan.resume_at, lo, plan.rebuild_since_ms)
+    if plan.extend_since_ms is not None:
+        replayed += extend(ctx, p, store, source, plan.resume_at, lo, plan.extend_since_ms)
+    # A shorter window takes effect at once: the segments it no longer needs are dropped now.
+    store.expire()
+    store.note(window_ms=cfg.window_ms)
     if plan.lost:
         event(log, ERROR, "records were deleted by retention before they were processed",
               partition=p, committed=plan.resume_at, log_start=lo)
