@@ -56,7 +56,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="dedup key: 'key', 'header:NAME' or 'json:FIELD' (default: key)")
     ap.add_argument("--window", type=cliargs.duration_seconds, default=d["window_seconds"],
                     help="dedup window by event time, Go duration syntax: 15m, 24h, 168h "
-                         f"(default {format_duration(d['window_seconds'])})")
+                         f"(default {format_duration(d['window_seconds'])}); a state kept for a shorter "
+                         "one is read back from the source over the longer one on start")
     ap.add_argument("--segments", type=cliargs.positive_int, default=d["segments"],
                     help=f"time segments per window; expiry drops one whole segment (default {d['segments']})")
     ap.add_argument("--partitioner", choices=["murmur2", "crc32"], default=d["partitioner"],

@@ -38,7 +38,7 @@ def rebuild(ctx: PartitionContext, p: int, source: SourceReader, end: int, lo: i
     store = ctx.store.open(p)
     ctx.metrics.rebuilds.labels(str(p)).inc()
     # Complete since `since_ms`, unless the scan starts at the log start (it then notes that).
-    store.note(covered_since_ms=since_ms)
+    store.note(covered_since_ms=since_ms, window_ms=ctx.cfg.window_ms)
     return store, source.rebuild(store, end, lo, since_ms=since_ms, reshards=ctx.assignment().reshards,
                                  count=ctx.home_count())
 
