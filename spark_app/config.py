@@ -20,6 +20,8 @@ Keys (required unless a default is given):
   output_mode                append (default) | update | complete (files: append only)
   transform                  "module:function", DataFrame -> DataFrame, applied after sql
   starting_offsets           earliest (default) | latest; used only without a checkpoint
+  upgrade_mode               keepCheckpoint (default) | fromSink | reprocess: how a query with
+                             no checkpoint starts and what a refused one says (upgrade.py)
   max_offsets_per_trigger    optional bound of a micro-batch
   kafka                      extra Kafka client settings (librdkafka/Java names, e.g.
                              security.protocol, sasl.mechanism); EOPIPE_KAFKA_* variables
@@ -42,6 +44,7 @@ DEFAULT_SCHEMA = "id STRING, seq BIGINT, account STRING, amount_cents BIGINT, cu
 META_COLUMNS = ("key", "partition", "offset", "timestamp")
 
 KAFKA_ENV_PREFIX = "EOPIPE_KAFKA_"
+UPGRADE_MODES = ("keepCheckpoint", "fromSink", "reprocess")
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -107,6 +110,7 @@ class Config:
     output_mode: str = "append"
     transform: str | None = None
     starting_offsets: str = "earliest"
+    upgrade_mode: str = "keepCheckpoint"
     max_offsets_per_trigger: int | None = None
     kafka: dict[str, str] = field(default_factory=dict)
     spark_conf: dict[str, str] = field(default_factory=dict)
@@ -128,7 +132,7 @@ class Config:
 
 _KNOWN = {"pipeline", "namespace", "bootstrap", "source_topic", "sql", "trigger",
           "checkpoint_location", "sink", "schema", "watermark", "output_mode", "transform",
-          "starting_offsets", "max_offsets_per_trigger", "kafka", "spark_conf"}
+          "starting_offsets", "max_offsets_per_trigger", "kafka", "spark_conf", "upgrade_mode"}
 
 
 def parse(doc: object, environ: dict[str, str] | None = None) -> Config:
@@ -176,6 +180,9 @@ def parse(doc: object, environ: dict[str, str] | None = None) -> Config:
     starting = text("starting_offsets", "earliest")
     if starting not in ("earliest", "latest"):
         problems.append(f"starting_offsets: {starting!r} is not earliest or latest")
+    upgrade_mode = text("upgrade_mode", "keepCheckpoint")
+    if upgrade_mode not in UPGRADE_MODES:
+        problems.append(f"upgrade_mode: {upgrade_mode!r} is not one of {', '.join(UPGRADE_MODES)}")
     transform = doc.get("transform")
     if transform is not None and (not isinstance(transform, str)
                                   or not re.match(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$", transform)):
@@ -256,7 +263,7 @@ def parse(doc: object, environ: dict[str, str] | None = None) -> Config:
     return Config(pipeline=pipeline, namespace=namespace, bootstrap=bootstrap,
                   source_topic=source_topic, checkpoint_location=checkpoint, sink=sink, sql=sql,
                   trigger=trigger, schema=schema, watermark=watermark, output_mode=output_mode,
-                  transform=transform, starting_offsets=starting,
+                  transform=transform, starting_offsets=starting, upgrade_mode=upgrade_mode,
                   max_offsets_per_trigger=mopt, kafka=kafka, spark_conf=spark_conf)
 
 

@@ -8,7 +8,9 @@ connector jars are taken from EOPIPE_SPARK_JARS (a folder or a comma-separated l
 Exit status: 0 when the query ends on its own (trigger availableNow) or on SIGTERM; 1 when the
 query fails (the SparkApplication restarts OnFailure and resumes from the checkpoint); 2 for
 a bad configuration, including a schema or SQL that Spark cannot analyse, at once and without
-retrying (the same configuration fails the same way). The reasons go to stderr and, for 1 and
+retrying (the same configuration fails the same way), and for a changed query that Spark
+refuses to run on its checkpoint's state (upgrade.py: the reason starts "checkpoint refused:"
+and names the upgradeMode that would run it). The reasons go to stderr and, for 1 and
 2, to the termination log ($EOPIPE_TERMINATION_LOG, else Kubernetes' /dev/termination-log when
 the container has one), where the driver pod's status shows them and the operator reads them.
 
@@ -39,6 +41,7 @@ if not __package__:  # run as a file by spark-submit: make `spark_app` importabl
 from spark_app.config import META_COLUMNS, Config, ConfigError, FileSink, KafkaSink, load  # noqa: E402
 from spark_app.progress import PORT_LINE, Progress, listen, serve  # noqa: E402
 from spark_app.sink_units import UnsupportedPlan  # noqa: E402
+from spark_app.upgrade import refusal  # noqa: E402
 
 RUNNING_LINE = "eopipe-spark: streaming query running"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -249,33 +252,34 @@ def _kafka_topics_exist(cfg: Config, wait_seconds: float = 30) -> None:
 
 def _starting_offsets(spark, cfg: Config) -> str | None:
     """Where a query with no checkpoint starts over a Kafka sink that holds output already: where
-    the sink's markers say each source partition's records are written up to (sink_position.py).
-    None: the config's startingOffsets."""
+    the sink's markers say each source partition's records are written up to (sink_position.py),
+    unless upgradeMode is reprocess (upgrade.choose_start). None: the config's startingOffsets."""
     from confluent_kafka.admin import AdminClient
 
     from spark_app.sink_position import checkpoint_is_empty, plan_start, read_markers
+    from spark_app.upgrade import choose_start
 
     if not isinstance(cfg.sink, KafkaSink) or not checkpoint_is_empty(spark, cfg.checkpoint_location):
         return None
-    try:
-        markers = read_markers(cfg.kafka_client_config(), cfg.sink.commit_topic)
-    except ValueError as e:  # a value no sink of ours wrote: a restart reads it again
-        raise ConfigError([f"sink.commit_topic: {e}"]) from None
-    if not markers:
-        log(f"no checkpoint at {cfg.checkpoint_location} and no markers: a new run from {cfg.starting_offsets}")
-        return None
-    md = AdminClient(cfg.kafka_client_config()).list_topics(cfg.source_topic, timeout=60)
-    plan = plan_start(markers, cfg.source_topic, md.topics[cfg.source_topic].partitions, cfg.starting_offsets)
-    if plan.problems:  # as lasting as the markers: stop with the reason rather than restart
-        raise ConfigError([f"sink.commit_topic: no checkpoint, and the sink's markers do not say where "
-                           f"to start: {p}" for p in plan.problems])
-    if not plan.from_markers:
-        log(f"no checkpoint at {cfg.checkpoint_location}; the sink's markers name no source ranges "
-            f"(a stateful query's): starting at {cfg.starting_offsets}, as a new run")
-        return None
-    log(f"no checkpoint at {cfg.checkpoint_location}: starting where the sink's markers say its "
-        f"output ends, per source partition {json.dumps(plan.from_markers, sort_keys=True)}")
-    return plan.spark_json(cfg.source_topic)
+    markers, plan = [], None
+    if cfg.upgrade_mode != "reprocess":
+        try:
+            markers = read_markers(cfg.kafka_client_config(), cfg.sink.commit_topic)
+        except ValueError as e:  # a value no sink of ours wrote: a restart reads it again
+            raise ConfigError([f"sink.commit_topic: {e}"]) from None
+    if markers:
+        md = AdminClient(cfg.kafka_client_config()).list_topics(cfg.source_topic, timeout=60)
+        plan = plan_start(markers, cfg.source_topic, md.topics[cfg.source_topic].partitions, cfg.starting_offsets)
+        if plan.problems:  # as lasting as the markers: stop with the reason rather than restart
+            raise ConfigError([f"sink.commit_topic: no checkpoint, and the sink's markers do not say where "
+                               f"to start: {p}" for p in plan.problems])
+    rangeless = sum(1 for m in markers if not m.get("source"))
+    start = choose_start(cfg.upgrade_mode, len(markers), rangeless, plan and plan.from_markers,
+                         plan and plan.spark_json(cfg.source_topic), cfg.starting_offsets)
+    if start.problem:
+        raise ConfigError([f"sink.commit_topic: no checkpoint at {cfg.checkpoint_location}: {start.problem}"])
+    log(f"no checkpoint at {cfg.checkpoint_location}: {start.note}")
+    return start.offsets
 
 
 def start_query(spark, cfg: Config):
@@ -349,6 +353,10 @@ def run(cfg: Config) -> int:
             return 0
     exc = query.exception()
     if exc is not None:
+        if refused := refusal(str(exc)):  # the same spec on this checkpoint is refused the same way
+            log(refused)
+            write_termination_log(refused)
+            return 2
         log(f"query failed: {exc}")
         write_termination_log(f"query failed: {exc}")
         return 1
@@ -368,6 +376,10 @@ def main(argv: list[str] | None = None) -> int:
         write_termination_log(str(e))
         return 2
     except Exception as e:  # noqa: BLE001 - reported, and the restart policy takes over
+        if checkpoint := refusal(str(e)):  # the changed query on this checkpoint: the same each run
+            print(checkpoint, file=sys.stderr, flush=True)
+            write_termination_log(checkpoint)
+            return 2
         refused = _refused_plan(str(e))
         if refused:  # the SQL's plan, not a fault: the same SQL fails the same way on a restart
             msg = str(ConfigError([f"sql: {refused}"]))

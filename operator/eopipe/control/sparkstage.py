@@ -69,3 +69,20 @@ def plan(f: Facts) -> Plan:
                                     "must never share a checkpoint)"))
     return Plan(APPLY, None)
 
+
+
+# ------------------------------------------------------------------ upgradeMode: which checkpoint
+
+def checkpoint_record(mode: str, query_key: str, recorded: dict | None) -> dict:
+    """status.sparkCheckpoint: {generation, query}, the checkpoint the driver is given and the
+    query (ProcessingSpec.query_key) it was started for. keepCheckpoint stays on the checkpoint
+    whatever the query (Spark judges the change; spark_app/upgrade.py); fromSink and reprocess
+    start a new generation when the query differs from the one the current generation was
+    started for. Nothing is deleted: a generation is a new location (builders/spark.checkpoint_location).
+    A pipeline with no record (new, or from before upgradeMode) is on generation 0."""
+    if not recorded or not isinstance(recorded.get("generation"), int):
+        return {"generation": 0, "query": query_key}
+    if mode == "keepCheckpoint" or recorded.get("query") == query_key:
+        return {"generation": recorded["generation"], "query": recorded.get("query") or query_key}
+    return {"generation": recorded["generation"] + 1, "query": query_key}
+

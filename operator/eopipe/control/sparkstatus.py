@@ -16,6 +16,10 @@ failed with ExitCode: <n>, Reason: <r>"; Spark's words are the driver pod's term
 (its container status), read while the pod is there. The local stand-in (localenv/sparkrunner.py)
 has no driver pod and appends them to `errorMessage`.
 
+A changed query that Spark cannot run on the checkpoint's state (upgradeMode keepCheckpoint; the
+driver's words start with CHECKPOINT_REFUSED, spark_app/upgrade.py) is such an exit too: Stalled
+with reason CheckpointIncompatible, naming the upgradeMode that would run it.
+
 Any other failure is worth retrying: while the Spark Operator retries (FAILING, PENDING_RERUN) the
 stage is Degraded; once it has given up (FAILED), or the driver ended with status 0 (SIGTERM on
 an eviction: a streaming query has no end of its own, and OnFailure does not restart a success),
@@ -37,6 +41,8 @@ _EXIT_CODE = re.compile(r"ExitCode: (-?\d+)")
 # The Kubeflow operator's words before what the stand-in appends (the driver's own)
 _OPERATOR_WORDS = re.compile(r"^driver container failed with ExitCode: -?\d+, Reason: [^:]*: (?=\S)")
 _MAX_MESSAGE = 1500
+CHECKPOINT_REFUSED = "checkpoint refused:"  # spark_app/upgrade.py starts its reason so
+INCOMPATIBLE = "CheckpointIncompatible"
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,13 @@ def judge(app: dict | None, drivers: Iterable[DriverExit] = ()) -> Verdict:
     if code is None and (m := _EXIT_CODE.search(err)):
         code = int(m.group(1))
     detail = spark_words or _OPERATOR_WORDS.sub("", err) or f"Spark application {state}"
+    if state in ("FAILING", "PENDING_RERUN", "FAILED") and code == CONFIG_EXIT and CHECKPOINT_REFUSED in detail:
+        msg = (f"the changed spec.processing cannot go on from its checkpoint ({detail}); nothing was written "
+               "by it. With upgradeMode keepCheckpoint it is not submitted again: set spec.processing.upgradeMode "
+               "fromSink (a new checkpoint that starts where the sink's output ends; stateful operators start "
+               "empty), or undo the change")
+        return Verdict(state, Condition("ProcessingReady", False, "SparkFailed", msg),
+                       Condition("Stalled", True, INCOMPATIBLE, msg))
     if state in ("FAILING", "PENDING_RERUN", "FAILED") and code == CONFIG_EXIT:
         msg = (f"Spark cannot run this spec.processing (driver exit status {CONFIG_EXIT}): {detail}. "
                "The same spec fails the same way, so it is not submitted again: fix the SQL, schema, "

@@ -7,8 +7,7 @@ from __future__ import annotations
 from kubernetes import client
 
 from eopipe.control import sparkcrd, sparkstage, sparkstatus, sparkwrites, stage_progress
-from eopipe.control.builders import checkpoint
-from eopipe.control.builders.pipeline import processing_objects
+from eopipe.control.builders import checkpoint, spark
 from eopipe.control.ownership import CONFLICT, ObjectConflict, decide
 from eopipe.control.passctx import Pass
 from eopipe.control.status import PROCESSING, Condition
@@ -26,8 +25,14 @@ def run(p: Pass) -> Condition:
         # retainable: kept after its pipeline under Retain, and the checkpoint of a pipeline
         # re-created under that name (ownership.decide tells it by the operator's labels).
         plane.applier.apply(pvc, owner, owned=checkpoint.owned(names), retainable=True)
-    *rbac, application = processing_objects(names, plane.settings.spark_image,
-                                            plane.settings.spark_driver_cluster_role)
+    proc = names.spec.processing
+    # Which checkpoint (upgradeMode): recorded before the application is written, so a pass
+    # that fails later still starts the same generation next time.
+    record = sparkstage.checkpoint_record(proc.upgrade_mode, proc.query_key(),
+                                          (owner.get("status") or {}).get("sparkCheckpoint"))
+    out.fields["sparkCheckpoint"] = record
+    rbac = spark.driver_rbac(names, plane.settings.spark_driver_cluster_role)
+    application = spark.spark_application(names, plane.settings.spark_image, record["generation"])
     for manifest in rbac:
         plane.applier.apply(manifest, owner)
     name, ns = application["metadata"]["name"], names.namespace
@@ -36,7 +41,8 @@ def run(p: Pass) -> Condition:
         raise ObjectConflict("SparkApplication", ns, name)  # before the plan may delete it
     drivers = plane.core.list_namespaced_pod(ns, label_selector=sparkstage.driver_selector(name)).items
     claim = checkpoint.claim_name(names)
-    where = names.spec.processing.checkpoint.location(names.pipeline) + (f" on claim {claim}" if claim else "")
+    where = spark.checkpoint_location(proc.checkpoint.location(names.pipeline), record["generation"]) + (
+        f" on claim {claim}" if claim else "")
     plan = sparkstage.plan(sparkstage.Facts(
         paused=bool(names.spec.paused), app=app,
         driver_phases=tuple((d.status.phase if d.status else None) or "Pending" for d in drivers),

@@ -9,6 +9,8 @@ A file sink's output is written by the executors, so it needs storage they all s
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -103,6 +105,9 @@ class Executors(Model):
     memory_overhead: SparkMemory | None = Field(None, description="Spark's default: 10% of memory, at least 384m")
 
 
+UPGRADE_MODES = ("keepCheckpoint", "fromSink", "reprocess")
+
+
 class ProcessingSpec(Model):
     image: str | None = Field(None, description="Spark image with spark_app and the Kafka connector")
     sql: str = Field("SELECT * FROM events", min_length=1,
@@ -122,6 +127,15 @@ class ProcessingSpec(Model):
                                   description="module:function, DataFrame -> DataFrame after the SQL; the module "
                                               "must be in the image (its side effects are not exactly-once)")
     checkpoint: Checkpoint | None = Field(None, description="durable storage of Spark's checkpoint (required)")
+    upgrade_mode: Literal[UPGRADE_MODES] = Field(
+        "keepCheckpoint",
+        description="what a change of sql, schema, watermark, outputMode or transform does with the checkpoint "
+                    "(docs/upgrades.md): keepCheckpoint goes on from it where Spark accepts the new query, else "
+                    "the pipeline stalls naming fromSink; fromSink starts a new checkpoint where the sink's output "
+                    "ends (exact for stateless SQL; stateful operators start empty); reprocess starts a new "
+                    "checkpoint at reprocessFrom (not exactly-once with the output already written)")
+    reprocess_from: Literal["earliest", "latest"] = Field(
+        "earliest", description="where upgradeMode reprocess starts reading the deduped topic")
     checkpoint_location: str | None = Field(None, description="removed: use checkpoint")
     driver_memory: str | None = Field(None, description="removed: use driver.memory")
     driver: Driver = section(Driver)
@@ -168,6 +182,15 @@ class ProcessingSpec(Model):
         """Whether the SQL can only be a stateful query (Spark refuses an aggregation in append
         mode without a watermark); a transform may still add state (docs/design.md, Known limits)."""
         return self.watermark is not None or self.output_mode != "append"
+
+    def query_key(self) -> str:
+        """What a checkpoint was started for: the query's definition (and, under reprocess, where
+        it reads from); a change of it is what upgradeMode answers. A short digest for status."""
+        parts = [self.sql, self.value_schema, self.watermark and self.watermark.model_dump(),
+                 self.output_mode, self.transform]
+        if self.upgrade_mode == "reprocess":
+            parts.append(f"reprocess:{self.reprocess_from}")
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
     @property
     def executors_share_checkpoint(self) -> bool:

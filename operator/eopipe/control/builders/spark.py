@@ -34,8 +34,15 @@ def spark_version() -> str:
     raise RuntimeError("the installed eopipe has no pyspark==<version> pin in its `spark` extra")
 
 
-def spark_config(names: Names) -> dict:
-    """What spark_app needs, passed as one JSON argument so it is validated in one place."""
+def checkpoint_location(base: str, generation: int) -> str:
+    """Generation 0 is where the checkpoint always was; the next ones are beside Spark's own
+    directories in it (Spark reads only offsets/, commits/, state/, sources/ and metadata)."""
+    return base if generation == 0 else f"{base.rstrip('/')}/generation-{generation}"
+
+
+def spark_config(names: Names, generation: int = 0) -> dict:
+    """What spark_app needs, passed as one JSON argument so it is validated in one place.
+    generation: the checkpoint's (status.sparkCheckpoint, control/sparkstage.checkpoint_record)."""
     spec = names.spec
     proc, sink = spec.processing, spec.sink
     conf = {
@@ -45,9 +52,12 @@ def spark_config(names: Names) -> dict:
         "source_topic": names.deduped_topic,
         "sql": proc.sql,
         "trigger": proc.trigger,
-        "checkpoint_location": proc.checkpoint.location(names.pipeline),
+        "checkpoint_location": checkpoint_location(proc.checkpoint.location(names.pipeline), generation),
         "output_mode": proc.output_mode,
+        "upgrade_mode": proc.upgrade_mode,
     }
+    if proc.upgrade_mode == "reprocess":
+        conf["starting_offsets"] = proc.reprocess_from
     optional = {"schema": proc.value_schema, "transform": proc.transform,
                 "max_offsets_per_trigger": proc.max_offsets_per_trigger,
                 "watermark": proc.watermark and {"column": proc.watermark.column, "delay": proc.watermark.delay}}
@@ -113,7 +123,7 @@ def volumes(names: Names) -> tuple[list[dict], list[dict], list[dict]]:
             mount if pvc.access_mode == "ReadWriteMany" else [])
 
 
-def spark_application(names: Names, image: str) -> dict:
+def spark_application(names: Names, image: str, generation: int = 0) -> dict:
     proc = names.spec.processing
     labels = names.labels("processing")
     env = [e.model_dump(by_alias=True, exclude_none=True) for e in proc.env]
@@ -129,7 +139,7 @@ def spark_application(names: Names, image: str) -> dict:
             "pythonVersion": "3",
             "image": proc.image or image,
             "mainApplicationFile": SPARK_APP_MAIN,
-            "arguments": ["--config-json", json.dumps(spark_config(names), sort_keys=True)],
+            "arguments": ["--config-json", json.dumps(spark_config(names, generation), sort_keys=True)],
             "sparkVersion": spark_version(),
             "restartPolicy": RESTART_POLICY,
             "sparkConf": {
