@@ -81,9 +81,9 @@ def wait(fn, timeout: float, what: str, interval: float = 0.05):
     raise TimeoutError(what)
 
 
-def create_topics(bootstrap: str, names, partitions: int = 1) -> None:
+def create_topics(bootstrap: str, names, partitions: int = 1, replication: int = 1) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for f in admin.create_topics([NewTopic(t, partitions, 1) for t in names]).values():
+    for f in admin.create_topics([NewTopic(t, partitions, replication) for t in names]).values():
         f.result(30)
 
 
@@ -91,11 +91,11 @@ class Setup:
     """One run of a worker benchmark: a new pipeline name, its 1-partition source, output and
     DLQ topics, and its own work directory."""
 
-    def __init__(self, bootstrap: str, workdir: Path, kind: str, short: str):
+    def __init__(self, bootstrap: str, workdir: Path, kind: str, short: str, replication: int = 1):
         run_id = uuid.uuid4().hex[:6]
         self.pipeline = f"{short}{run_id}"
         self.topics = (f"{short}-src-{run_id}", f"{short}-out-{run_id}", f"{short}-dlq-{run_id}")
-        create_topics(bootstrap, self.topics)
+        create_topics(bootstrap, self.topics, replication=replication)
         self.work = workdir / f"{kind}-{run_id}"
         self.work.mkdir(parents=True, exist_ok=True)
 

@@ -1,7 +1,9 @@
 """Recovery time of a dedup worker per fault class, under steady load, holding `keys` keys.
 
 Setup: a broker of the step's own, which it kills, with the worker reaching it through
-toxiproxy (bench/faults.py says how, and what each fault does); a 1-partition source topic;
+toxiproxy (bench/faults.py says how, and what each fault does), or with --brokers 3 a
+three-node cluster of its own (replication 3; broker_kill kills the node coordinating the
+worker's transactions); a 1-partition source topic;
 the worker (`python -m eopipe.dedup`, as a dedup pod runs it, `--transaction-timeout` 8 s)
 owns partition 0 and starts on a store pre-built with `keys` keys (default 1,000,000) through
 eopipe.dedup.store's API (bench.common.prebuild_store; the worker trusts it: its recovery
@@ -28,13 +30,17 @@ polling Kafka every 20 ms, from the fault's end:
   caught up     the first sample after that with lag at or below the p95 of the lag during
                 the steady phase: back to what it was. The verdict is on this, from the
                 fault's end: the slowest round of a class must be under its target.
+  no commit     the longest time the committed offset stood still from the fault's start
+                (sampled during the fault too): with three brokers the worker goes on
+                committing while one is down, so its first commit after the return says little.
 Both are also shown from the fault's start (plus the time the fault was held). Under the
 table, per class, the worker's own warnings during its recoveries (from its log), with the
-times its watchdog had to end a transactional call counted apart. After the last round the
+times its watchdog had to end a transactional call counted apart, and the librdkafka lines
+it logged at warning or above (dedup/logs.py: summarized, a restart's lines at info). After the last round the
 load stops, the worker drains, and `eopipe verify` (an independent reader) counts the output:
 lost and duplicated must be 0, else the step fails.
 
-    python -m bench.recovery [--keys N] [--rate R] [--kills K] [--steady S] [--faults a,b]
+    python -m bench.recovery [--keys N] [--rate R] [--kills K] [--steady S] [--faults a,b] [--brokers 1|3]
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import json
 import shutil
 import statistics
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -64,7 +71,8 @@ from bench.common import (
     verified,
     wait,
 )
-from bench.faults import ACTIONS, FaultBroker
+from bench.faults import ACTIONS, Env, FaultBroker, FaultCluster
+from bench.recovery_summary import Stood
 
 TRANSACTION_TIMEOUT = 8.0   # the worker's; a partition or a pause lasts 2 s longer
 ROUND_TIMEOUT = 120.0       # seconds after a fault's end without recovering: the step fails
@@ -99,12 +107,36 @@ def _steady(lag: GroupLag, seconds: float) -> float:
     return max(1.0, percentile(sorted(samples), 0.95))
 
 
-def _round(env: FaultBroker, w: Worker, lag: GroupLag, fault: str, steady: float, hold: float) -> dict:
+def _during(action, lag: GroupLag, stood: Stood) -> None:
+    """Runs the fault's action, sampling the committed offset meanwhile (on this thread's
+    GroupLag: the caller does not use it until the action is over)."""
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            s = _sample(lag)
+            if s is not None:
+                stood.see(time.monotonic(), s[0])
+            done.wait(0.05)
+
+    t = threading.Thread(target=sample, name="stood", daemon=True)
+    t.start()
+    try:
+        action()
+    finally:
+        done.set()
+        t.join()
+
+
+def _round(env: Env, w: Worker, lag: GroupLag, fault: str, steady: float, hold: float) -> dict:
     threshold = _steady(lag, steady)
     start_end = lag.high()  # the source's end at the fault's start
+    before = lag.committed()
     mark = w.log.stat().st_size
     t0 = time.monotonic()
-    ACTIONS[fault](env, w, hold)
+    stood = Stood(t0)
+    stood.see(t0, before)
+    _during(lambda: ACTIONS[fault](env, w, hold), lag, stood)
     t1 = time.monotonic()
     first = caught = None
     peak = 0
@@ -117,14 +149,17 @@ def _round(env: FaultBroker, w: Worker, lag: GroupLag, fault: str, steady: float
         now = time.monotonic() - t1
         if s is not None:
             committed, behind = s
+            stood.see(time.monotonic(), committed)
             peak = max(peak, behind)
             if first is None and committed > start_end:
                 first = now
             if first is not None and behind <= threshold:
                 caught = now
         time.sleep(0.02)
+    said, client_lines = _worker_said(w.log, mark)
     r = {"fault": fault, "held_s": t1 - t0, "first_commit_s": first, "caught_up_s": caught,
-         "steady_lag_p95": threshold, "peak_lag": peak, "worker_said": _worker_said(w.log, mark)}
+         "no_commit_s": stood.longest,
+         "steady_lag_p95": threshold, "peak_lag": peak, "worker_said": said, "client_lines": client_lines}
     if fault == "worker_kill":  # the new process's own account of its recovery
         rec = wait(lambda: w.running(0, 1), 60, "restarted worker running").get("recovery") or {}
         r.update(worker_recovery_s=rec.get("recovery_seconds"), action=rec.get("recovery"),
@@ -132,11 +167,13 @@ def _round(env: FaultBroker, w: Worker, lag: GroupLag, fault: str, steady: float
     return r
 
 
-def _worker_said(log: Path, since: int) -> dict[str, int]:
+def _worker_said(log: Path, since: int) -> tuple[dict[str, int], int]:
     """The worker's own warnings and errors since byte `since` of its log, counted by message:
     how it recovered (e.g. a stalled transaction replaced after a timeout or a fencing error,
-    or after the watchdog gave up on a call: counted apart)."""
+    or after the watchdog gave up on a call: counted apart); and how many lines librdkafka
+    logged meanwhile at warning or above."""
     said: Counter[str] = Counter()
+    client = 0
     with open(log, "rb") as f:
         f.seek(since)
         for line in f:
@@ -144,24 +181,26 @@ def _worker_said(log: Path, since: int) -> dict[str, int]:
                 d = json.loads(line)
             except ValueError:
                 continue
-            if str(d.get("logger", "")).startswith("eopipe") and d.get("level") in ("warning", "error", "critical"):
+            if d.get("logger") == "rdkafka":
+                client += d.get("level") in ("warning", "error", "critical")
+            elif str(d.get("logger", "")).startswith("eopipe") and d.get("level") in ("warning", "error", "critical"):
                 said[str(d.get("msg"))] += 1
                 if b"did not return within" in line:  # the watchdog's words (dedup/txn.py)
                     said["the watchdog ended a call"] += 1
-    return dict(said)
+    return dict(said), client
 
 
 def bench(workdir: Path, keys: int = 1_000_000, rate: float = 2000, kills: int = 3, steady: float = 5,
           faults: list[str] | None = None, transaction_timeout: float = TRANSACTION_TIMEOUT,
-          progress=say) -> dict:
+          brokers: int = 1, progress=say) -> dict:
     faults = faults or list(summary.FAULTS)
     hold = transaction_timeout + 2
-    env = FaultBroker(workdir / "fault-broker")
+    env: Env = FaultCluster(workdir / "fault-cluster") if brokers == 3 else FaultBroker(workdir / "fault-broker")
     rounds: list[dict] = []
     try:
-        progress("recovery: starting a broker of its own behind toxiproxy")
+        progress(f"recovery: starting {'a broker' if brokers == 1 else f'{brokers} brokers'} of its own behind toxiproxy")
         env.start()
-        run = Setup(env.bootstrap, workdir, "recovery", "rec")
+        run = Setup(env.bootstrap, workdir, "recovery", "rec", replication=env.replication)
         topics, work = run.topics, run.work
         progress(f"recovery: pre-building a store with {keys:,} keys")
         build_s = prebuild_store(work / "state-r", keys, progress)
@@ -197,7 +236,7 @@ def bench(workdir: Path, keys: int = 1_000_000, rate: float = 2000, kills: int =
         env.stop()
     rows = summary.summarize(rounds)
     kills_r = [r for r in rounds if r["fault"] == "worker_kill"]
-    return {"keys": keys, "rate": rate, "kills": kills, "steady_s": steady, "faults": faults,
+    return {"keys": keys, "rate": rate, "kills": kills, "steady_s": steady, "faults": faults, "brokers": brokers,
             "transaction_timeout_s": transaction_timeout, "hold_s": hold, "store_build_s": build_s,
             "worker_recovery_s": statistics.median(r["worker_recovery_s"] for r in kills_r) if kills_r else None,
             "rows": rows, "passed": summary.passed(rows), "verify": checked, "sent": load.sent, "rounds": rounds}
@@ -205,7 +244,7 @@ def bench(workdir: Path, keys: int = 1_000_000, rate: float = 2000, kills: int =
 
 def table(res: dict) -> str:
     v = res["verify"]
-    lines = [f"recovery per fault class, {res['keys']:,} keys, {res['rate']:.0f} records/s "
+    lines = [f"recovery per fault class, {res.get('brokers', 1)} broker(s), {res['keys']:,} keys, {res['rate']:.0f} records/s "
              f"(seconds from the fault's end unless 'from start')", summary.table(res["rows"])]
     lines.append(f"transaction timeout {res['transaction_timeout_s']:g} s; partition and pause held "
                  f"{res['hold_s']:g} s; caught up = lag back to the steady p95")
@@ -218,7 +257,11 @@ def table(res: dict) -> str:
             if r["fault"] == row["fault"]:
                 said.update(r.get("worker_said") or {})
         told = "; ".join(f"{m[:48]} ({n})" for m, n in said.most_common(3)) or "nothing"
-        lines.append(f"{row['label']}: the worker warned {told}")
+        mine = [r for r in res["rounds"] if r["fault"] == row["fault"]]
+        stood = [r.get("no_commit_s", 0.0) for r in mine]
+        lines.append(f"{row['label']}: longest time without a commit, median {statistics.median(stood):.1f} / "
+                     f"max {max(stood):.1f} s; librdkafka lines at warning or above per round, max "
+                     f"{max(r.get('client_lines', 0) for r in mine)}; the worker warned {told}")
     lines.append(f"eopipe verify after the last round: {v['out']:,} keys out of {v['unique_in']:,}, "
                  f"lost {v['lost']}, duplicated {v['duplicated']}, unexpected {v['unexpected']}"
                  + ("" if v.get("out_of_order") is None else f", out of order {v['out_of_order']}"))
@@ -241,12 +284,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.add_argument("--steady", type=float, default=5, help="seconds of steady load before each fault (default 5)")
         ap.add_argument("--faults", type=fault_list, default=list(summary.FAULTS),
                         help=f"fault classes, comma separated (default {','.join(summary.FAULTS)})")
+        ap.add_argument("--brokers", type=int, choices=(1, 3), default=1,
+                        help="a broker of its own, or a three-node cluster of its own (default 1)")
         ap.add_argument("--transaction-timeout", type=float, default=TRANSACTION_TIMEOUT,
                         help=f"the worker's transaction timeout, s (default {TRANSACTION_TIMEOUT:g})")
 
     def run(_bootstrap, work, a):
         return bench(work, keys=a.keys, rate=a.rate, kills=a.kills, steady=a.steady,
-                     faults=a.faults, transaction_timeout=a.transaction_timeout)
+                     faults=a.faults, transaction_timeout=a.transaction_timeout, brokers=a.brokers)
     return standalone("bench.recovery", __doc__, options, table, argv, run, needs_broker=False)
 
 

@@ -8,6 +8,8 @@ A round is a dict with at least
   first_commit_s    seconds from the fault's end until the group's committed offset passed the
                     source's end at the fault's start (new work committed)
   caught_up_s       seconds from the fault's end until the lag was back to steady
+  no_commit_s       the longest time the committed offset stood still, from the fault's start
+                    (Stood)
 The times from the fault's start are these plus held_s. The verdict is on caught_up_s from the
 fault's end: the class passes when its slowest round recovered in less than the target.
 """
@@ -31,6 +33,21 @@ FAULTS = {f.name: f for f in (
     Fault("partition", "network partition", 30.0),
     Fault("worker_pause", "worker SIGSTOP", None),
 )}
+
+
+class Stood:
+    """The longest time the group's committed offset stood still (samples in, seconds out).
+    With three brokers the worker may go on committing while a broker is down: this, not the
+    first commit after the broker's return, is how long it waited."""
+
+    def __init__(self, t: float):
+        self.t, self.committed, self.longest = t, None, 0.0
+
+    def see(self, t: float, committed: int) -> None:
+        if self.committed is None or committed > self.committed:
+            if self.committed is not None:
+                self.longest = max(self.longest, t - self.t)
+            self.t, self.committed = t, committed
 
 
 def parse_faults(text: str) -> list[str]:

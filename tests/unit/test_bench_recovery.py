@@ -1,10 +1,10 @@
-"""bench.recovery_summary: recovery rounds in, per-class median, max and verdict out."""
+"""bench.recovery_summary: recovery rounds in, per-class median, max and verdict out; samples in, the longest time without a commit out."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.recovery_summary import FAULTS, parse_faults, passed, summarize, table, verdict
+from bench.recovery_summary import FAULTS, Stood, parse_faults, passed, summarize, table, verdict
 
 
 def rnd(fault, first, caught, held=0.0):
@@ -86,3 +86,17 @@ def test_table_shows_each_class_with_median_max_target_and_verdict():
     pause = next(line for line in text.splitlines() if line.startswith("worker SIGSTOP"))
     assert pause.endswith("-") and "16.0 / 16.0" in pause
     assert "broker SIGKILL" not in text  # only the classes that ran
+
+
+@pytest.mark.parametrize("samples, expected", [
+    ([], 0.0),                                          # no sample: nothing stood still
+    ([(0.1, 5), (0.2, 6), (0.3, 7)], 0.1),
+    ([(0.1, 5), (0.2, 6), (3.0, 6), (5.5, 9), (6.0, 10)], 5.3),   # 0.2 -> 5.5 at 6
+    ([(1.0, 5), (9.0, 5)], 0.0),                        # never advanced again: no gap closed yet
+    ([(1.0, 5), (4.0, 9), (4.5, 9), (5.0, 12)], 3.0),
+])
+def test_stood_longest_time_without_a_commit(samples, expected):
+    s = Stood(0.0)
+    for t, committed in samples:
+        s.see(t, committed)
+    assert s.longest == pytest.approx(expected)

@@ -1,4 +1,4 @@
-"""dedup/logs.py: librdkafka's repeated lines summarized (pure: lines in, lines out)."""
+"""dedup/logs.py: librdkafka's repeated lines summarized, and the level each is logged at (pure: lines in, lines out)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from eopipe.dedup.logs import RdkafkaFilter, Summarizer, kind
+from eopipe.dedup.logs import ClientLog, RdkafkaFilter, Summarizer, kind, rdkafka_level
 
 REFUSED = "127.0.0.1:{port}/bootstrap: Connect to ipv4#127.0.0.1:{port} failed: Connection refused (after {ms}ms in state CONNECT)"
 
@@ -54,3 +54,47 @@ def test_filter_on_confluent_kafkas_call_shape():
     assert [f.filter(r) for r in (a, b, c)] == [True, False, True]
     assert c.getMessage().endswith("(1 similar lines in the last 40s suppressed)")
     assert f.filter(logging.LogRecord("rdkafka", logging.ERROR, __file__, 1, "plain", None, None))
+
+
+REFUSED_TEXT = refused()
+
+
+@pytest.mark.parametrize("fac, text, level, retired, expected", [
+    # a broker restart's lines: info, whatever librdkafka calls them
+    ("FAIL", REFUSED_TEXT, logging.ERROR, False, logging.INFO),
+    ("FAIL", "Disconnected: connection reset by peer", logging.INFO, False, logging.INFO),
+    ("REQTMOUT", "TxnCoordinator: Timed out 0 in-flight, 0 retry-queued, 1 out-queue", logging.WARNING, False,
+     logging.INFO),
+    ("GETPID", "Failed to acquire transactional PID: Coordinator load in progress: retrying", logging.WARNING,
+     False, logging.INFO),
+    ("ADDOFFSETS", "Failed to add offsets to transaction: Local: Timed out", logging.ERROR, False, logging.INFO),
+    # a connection failing for a reason a retry does not cure keeps its level
+    ("FAIL", "SSL handshake failed: certificate verify failed", logging.ERROR, False, logging.ERROR),
+    ("FAIL", "SASL authentication error: Authentication failed", logging.ERROR, False, logging.ERROR),
+    # other facilities keep theirs: a live producer's fatal error shows
+    ("TXNERR", "Fatal transaction error: fenced by a newer instance", logging.CRITICAL, False, logging.CRITICAL),
+    ("CONFWARN", "Configuration property x is a consumer property", logging.WARNING, False, logging.WARNING),
+    # a client the partition gave up: its fencing by the successor is expected, as is the rest
+    ("TXNERR", "Fatal transaction error: fenced by a newer instance", logging.CRITICAL, True, logging.DEBUG),
+    ("FAIL", REFUSED_TEXT, logging.ERROR, True, logging.DEBUG),
+])
+def test_rdkafka_level(fac, text, level, retired, expected):
+    assert rdkafka_level(fac, text, level, retired) == expected
+
+
+def test_client_log_retires(caplog):
+    lg = ClientLog()
+    with caplog.at_level(logging.DEBUG, logger="rdkafka"):
+        lg.log(logging.CRITICAL, "%s [%s] %s", "TXNERR", "p0.producer#producer-1", "Fatal: fenced (live)")
+        lg.retire()
+        lg.log(logging.CRITICAL, "%s [%s] %s", "TXNERR", "p0.producer#producer-1", "Fatal: fenced (retired)")
+    assert [(r.levelno, r.getMessage().endswith("(live)")) for r in caplog.records if r.name == "rdkafka"] == [
+        (logging.CRITICAL, True), (logging.DEBUG, False)]
+
+
+def test_debug_lines_are_not_summarized():
+    """Debug lines (librdkafka's `debug` property set) are for debugging: every one passes."""
+    f = RdkafkaFilter(window=30)
+    recs = [logging.LogRecord("rdkafka", logging.DEBUG, __file__, 1, "%s [%s] %s", ("BRKMAIN", "c", "Waking up"), None)
+            for _ in range(3)]
+    assert [f.filter(r) for r in recs] == [True, True, True]

@@ -4,6 +4,8 @@ ones are let go."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import logging
 import threading
 
 from confluent_kafka import KafkaException
@@ -12,16 +14,28 @@ from eopipe.core import partitioner as partitioners
 from eopipe.dedup import logs
 from eopipe.dedup.config import WorkerConfig
 
+log = logging.getLogger("eopipe.dedup")
+
 
 def _base(cfg: WorkerConfig) -> dict:
-    # librdkafka's own logs go through Python logging (JSON lines like ours), summarized.
-    return {"bootstrap.servers": cfg.bootstrap, "logger": logs.rdkafka_logger(),
+    # librdkafka's own logs go through Python logging (JSON lines like ours), summarized, one
+    # ClientLog per client (retired with it: dedup/logs.rdkafka_level).
+    return {"bootstrap.servers": cfg.bootstrap, "logger": logs.ClientLog(),
             # A client's reconnect back-off doubles while a broker is down, up to this (librdkafka's
             # default 10 s): after a broker restart every client reconnects within a second of the
             # broker's return instead of up to 10 s later. The coordinator lookup of a pending
             # send_offsets_to_transaction only moves on a broker connection's state change
             # (docs/design.md#broker-restart), so its commit waited for that reconnect too.
             "reconnect.backoff.max.ms": 1000,
+            # With every known broker down (one broker restarting), librdkafka's default
+            # re-bootstrap decommissions the learnt brokers; a coordinator request cached on a
+            # decommissioned broker is never woken again (librdkafka #5511, timeout unchecked:
+            # #5456), so send_offsets_to_transaction hung until the watchdog (12 s) and the
+            # partition replaced its clients. Without re-bootstrap the broker's own reconnects
+            # wake the request and the open transaction commits on the broker's return
+            # (docs/design.md#broker-restart). A partition that does replace its clients
+            # bootstraps them afresh.
+            "metadata.recovery.strategy": "none",
             **cfg.kafka_config}
 
 
@@ -75,29 +89,43 @@ def connect(producer, topic: str, timeout: float = 5.0) -> None:
         pass
 
 
-_graveyard: list = []  # clients with a call stuck inside: kept referenced, never destroyed
+_graveyard: list = []  # clients whose stuck call never returned: kept referenced, never destroyed
+# How long a replaced producer's stuck call is given to return before the producer is left in
+# the graveyard. It returns when its request is answered or times out (socket.timeout.ms, at
+# most 60 s): a broker restart's call returns soon after the broker is back.
+REAP_WAIT_S = 90.0
 
 
-def discard(producer, consumer, stuck: bool) -> None:
+def discard(producer, consumer, stuck_call: concurrent.futures.Future | None = None, client_logs=()) -> None:
     """Closes a replaced producer and consumer off the partition thread (closing may block on
-    an unreachable broker). A producer with a call stuck inside is never destroyed."""
-    if stuck:
-        _graveyard.append(producer)
-        producer = None
+    an unreachable broker). A producer with a call stuck inside (`stuck_call`, the watchdog gave
+    up on it) is closed once that call returned: destroying it earlier would free what the call
+    still uses; if it never returns, the producer is never destroyed. Their ClientLogs are
+    retired: the successor fences the producer on purpose."""
+    for lg in client_logs:
+        lg.retire()
 
     def close() -> None:
-        for c in (consumer, producer):
-            if c is None:
-                continue
+        _close_quietly(consumer)
+        if stuck_call is not None:
             try:
-                if hasattr(c, "close"):
-                    c.close()
-                else:
-                    c.purge()
-            except Exception:  # noqa: BLE001
-                pass
+                stuck_call.exception(REAP_WAIT_S)
+            except concurrent.futures.TimeoutError:
+                _graveyard.append(producer)
+                return
+            log.info("replaced producer closed: its stuck call returned")
+        _close_quietly(producer)
 
     threading.Thread(target=close, name="discard-clients", daemon=True).start()
+
+
+def _close_quietly(c) -> None:
+    if c is None:
+        return
+    try:
+        c.close()
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def close(producer, consumer, stuck: bool) -> None:

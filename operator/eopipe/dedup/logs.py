@@ -8,6 +8,7 @@ import re
 import sys
 import threading
 import time
+from logging import DEBUG, INFO
 
 
 class JsonFormatter(logging.Formatter):
@@ -82,8 +83,8 @@ class RdkafkaFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        if not (isinstance(args, tuple) and len(args) == 3):
-            return True
+        if record.levelno <= DEBUG or not (isinstance(args, tuple) and len(args) == 3):
+            return True  # debug lines (librdkafka's `debug` set, or retired clients) all pass
         fac, client, text = (str(a) for a in args)
         with self._lock:
             out = self._sum.line(record.created, fac, text)
@@ -94,8 +95,44 @@ class RdkafkaFilter(logging.Filter):
 
 
 def rdkafka_logger() -> logging.Logger:
-    """The logger given to every client, summarized (the filter installed once)."""
+    """The "rdkafka" logger, summarized (the filter installed once)."""
     lg = logging.getLogger("rdkafka")
     if not any(isinstance(f, RdkafkaFilter) for f in lg.filters):
         lg.addFilter(RdkafkaFilter())
     return lg
+
+
+# Facilities of the lines a broker restart makes every client write: connections failing
+# (FAIL), requests timing out (REQTMOUT), transactional requests retried or timed out. Whatever
+# of it matters reaches the worker as the API call's error, which it reports itself: one
+# warning per partition ("transaction stalled ..."). So they are info, not a stream of errors.
+TRANSIENT = frozenset({"FAIL", "REQTMOUT", "GETPID", "ADDOFFSETS", "ADDPARTS", "ENDTXN", "TXNCOORD"})
+# ...except a connection refused for a reason a retry does not cure: misconfiguration shows.
+_NOT_TRANSIENT = re.compile(r"SSL|SASL|[Aa]uthenticat|[Cc]ertificate|[Uu]nsupported")
+
+
+def rdkafka_level(fac: str, text: str, level: int, retired: bool) -> int:
+    """The level to log a librdkafka line at. A client the partition gave up (retired: replaced
+    after a stall and fenced by its successor, on purpose) says only what is expected: debug."""
+    if retired:
+        return DEBUG
+    if fac in TRANSIENT and not _NOT_TRANSIENT.search(text):
+        return min(level, INFO)
+    return level
+
+
+class ClientLog:
+    """A client's `logger` (confluent-kafka calls log(level, "%s [%s] %s", facility, client,
+    text)): its lines go to the summarized "rdkafka" logger at rdkafka_level."""
+
+    def __init__(self):
+        self.retired = False
+        self._lg = rdkafka_logger()
+
+    def log(self, level: int, fmt: str, *args) -> None:
+        if len(args) == 3:
+            level = rdkafka_level(str(args[0]), str(args[2]), level, self.retired)
+        self._lg.log(level, fmt, *args)
+
+    def retire(self) -> None:
+        self.retired = True

@@ -58,6 +58,7 @@ class PartitionRunner(threading.Thread):
         self.replaced = 0                      # producer + consumer replacements after a stall
         self.consumer: Consumer | None = None
         self.producer: Producer | None = None
+        self.client_logs: tuple = ()           # the clients' ClientLogs (dedup/logs.py)
         self.source: SourceReader | None = None
         self.store: PartitionStore | None = None
         self.txn: Transaction | None = None
@@ -108,8 +109,10 @@ class PartitionRunner(threading.Thread):
             self._close_clients()
 
     def _open_clients(self) -> None:
-        self.consumer = Consumer(clients.consumer_config(self.cfg, self.p))
-        self.producer = Producer(clients.producer_config(self.cfg, self.p))
+        ccfg, pcfg = clients.consumer_config(self.cfg, self.p), clients.producer_config(self.cfg, self.p)
+        self.client_logs = (ccfg["logger"], pcfg["logger"])
+        self.consumer = Consumer(ccfg)
+        self.producer = Producer(pcfg)
         self.source = SourceReader(self.consumer, self.cfg, self.p, self.halt)
 
     def _close_clients(self) -> None:
@@ -261,7 +264,7 @@ class PartitionRunner(threading.Thread):
             except (Abortable, Stalled, Fenced, RuntimeError) as e:
                 event(log, INFO, "abort before replacing the producer failed", partition=self.p, error=str(e))
         calls.close()
-        clients.discard(producer, consumer, stuck=calls.wedged)
+        clients.discard(producer, consumer, calls.stuck_call, self.client_logs)
         self.calls = TxnCalls(self.p, self.halt)
         self.producer = self.consumer = None
         try:

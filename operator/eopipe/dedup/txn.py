@@ -91,6 +91,7 @@ class TxnCalls:
         self.p = partition
         self.halt = halt
         self.wedged = False   # a call is stuck inside the producer: leave it to the fencing
+        self.stuck_call: concurrent.futures.Future | None = None  # ...and its future
         self._thread: _CallThread | None = None
 
     def __call__(self, what: str, fn, *, deadline: float | None = None, timeout: float = API_TIMEOUT_S,
@@ -105,10 +106,11 @@ class TxnCalls:
         if self._thread is None:
             self._thread = _CallThread(f"txn-{self.p}")
         while True:
+            fut = self._thread.submit(fn)
             try:
-                return self._thread.submit(fn).result(timeout + WATCHDOG_GRACE_S)
+                return fut.result(timeout + WATCHDOG_GRACE_S)
             except concurrent.futures.TimeoutError:
-                self.wedged = True
+                self.wedged, self.stuck_call = True, fut
                 msg = f"{what} did not return within {timeout + WATCHDOG_GRACE_S:.0f}s"
                 if stall:
                     raise Stalled(f"{msg}; replacing the producer") from None
