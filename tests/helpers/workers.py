@@ -105,8 +105,13 @@ class Pipeline:
                 if transient(e):
                     return False  # the group coordinator is moving or loading (a broker restarted)
                 raise
-            if any(tp.offset < 0 for tp in committed):
-                return all(c.get_watermark_offsets(tp, timeout=30)[1] == 0 for tp in tps)
+            # A partition with no committed offset is drained only while it has no records.
+            unset = [tp for tp in committed if tp.offset < 0]
+            if any(c.get_watermark_offsets(tp, timeout=30)[1] > 0 for tp in unset):
+                return False
+            committed = [tp for tp in committed if tp.offset >= 0]
+            if not committed:
+                return True
             c.assign(committed)
             pending = {tp.partition for tp in committed}
             deadline = time.monotonic() + 10
