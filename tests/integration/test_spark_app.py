@@ -435,6 +435,7 @@ def test_windowed_count_with_rocksdb_state_is_exact_after_a_kill(kafka_bootstrap
 
 @pytest.mark.kafka
 @pytest.mark.spark
+@pytest.mark.slow
 def test_upgrade_modes_a_stateless_change_goes_on_a_stateful_one_is_refused_then_runs_from_the_sink(
         kafka_bootstrap, spark_driver, tmp_path):
     """upgradeMode (spark_app/upgrade.py): projection A -> B on the same checkpoint (keepCheckpoint)
