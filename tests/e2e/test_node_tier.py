@@ -657,6 +657,132 @@ def test_spark_stage_lifecycle_through_the_real_operator(node_tier):
                         "[f.result(30) for f in a.delete_topics(left).values()] if left else None")
 
 
+
+def _sink_forms(topic: str) -> dict[str, int]:
+    """The sink's committed records by the set of their JSON fields (one per SQL's form)."""
+    return json.loads(nodetier.python(
+        "import json; from collections import Counter; from eopipe.tools.verify import TopicReader\n"
+        f"c = Counter(','.join(sorted(json.loads(m.value()))) for m in TopicReader({BOOTSTRAP!r}).read({topic!r}))\n"
+        "print(json.dumps(c))", timeout=300))
+
+
+def _load(topic: str, count: str, rate: str, seed: str) -> subprocess.Popen:
+    return subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", topic, "--count", count,
+                                    "--rate", rate, "--dup-ratio", "0.3", "--seed", seed, "--quiet", "--json"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _driver_says(ns: str, app_name: str, *words: str) -> bool:
+    text = kubectl("-n", ns, "logs", f"{app_name}-driver", check=False)
+    return all(w in text for w in words)
+
+
+@pytest.mark.timeout(2400)  # four driver changes under one load, two verifies: about 15-20 min
+def test_spark_upgrade_modes_through_the_real_operator(node_tier):
+    """spec.processing.upgradeMode (docs/upgrades.md) on the real Spark Operator, under one load:
+    - the checkpoint claim deleted mid-load (and the driver with it): the operator creates the
+      claim again, and the new driver starts where the sink's markers end;
+    - a stateless SQL change (projection A -> B), keepCheckpoint: goes on from the checkpoint;
+    - a stateful change (a new aggregate) with keepCheckpoint: Spark refuses the checkpoint, the
+      pipeline is Stalled (CheckpointIncompatible) naming fromSink, not submitted again;
+    - switched to fromSink: a new checkpoint generation, started where the sink's output ends;
+    then both stages are verified (0 lost, 0 twice), each sink record in one SQL's form."""
+    ns, name, src = "sparkupgrade", "payments", "sparkupgrade"
+    app_name, sink, claim = f"{name}-spark", f"{src}-enriched", f"{name}-spark-checkpoint"
+    forms = {"a": "SELECT key, id, account, 'a' AS form FROM events WHERE id IS NOT NULL",
+             "b": "SELECT key, id, amount_cents, 'b' AS form FROM events WHERE id IS NOT NULL",
+             "c": "SELECT key, id, count(*) AS n FROM events WHERE id IS NOT NULL GROUP BY key, id"}
+    _install_operator_if_absent(node_tier)
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "payments.yaml").read_text())
+    doc["spec"].update(deletionPolicy="Delete", source={"topic": src, "partitions": 2})
+    doc["spec"]["dedup"]["replicas"] = 1
+    doc["spec"]["sink"]["kafka"] = {"topic": sink, "partitions": 2}
+    proc = doc["spec"]["processing"]
+    proc["sql"] = forms["a"]
+    # The aggregate's state is written by the executors: a claim they mount too.
+    proc["checkpoint"] = {"pvc": {"size": "1Gi", "accessMode": "ReadWriteMany", "storageClassName": "shared"}}
+
+    def apply() -> None:
+        kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+
+    def running(*words: str, what: str) -> None:
+        t = time.monotonic()
+        wait(lambda: _spark_app(ns, app_name).get("applicationState", {}).get("state") == "RUNNING"
+             and _driver_says(ns, app_name, "streaming query running", *words), 600, what, interval=3)
+        log(f"{what}: in {time.monotonic() - t:.0f}s")
+
+    kubectl("create", "namespace", ns)
+    load = None
+    try:
+        apply()
+        wait(lambda: _settled(ns, name), 400, f"{name} Ready")
+        running(what="projection A's query running")
+        # Load until the refusal (Spark judges a checkpoint when records arrive), stopped then.
+        load = _load(src, "200000", "120", "31")
+        wait(lambda: _sink_end(sink) > 0, 300, "A's first records in the sink", interval=3)
+
+        # The checkpoint claim deleted mid-load; it goes once the driver and executors are gone.
+        old_claim = kubectl_json("-n", ns, "get", "pvc", claim)["metadata"]["uid"]
+        kubectl("-n", ns, "delete", "pvc", claim, "--wait=false")
+        kubectl("-n", ns, "delete", "pod", f"{app_name}-driver", "--wait=false")
+        log("deleted the checkpoint claim and the driver pod mid-load")
+        wait(lambda: (out := kubectl("-n", ns, "get", "pvc", claim, "-o", "jsonpath={.metadata.uid}", check=False))
+             and out != old_claim, 400, "the claim created again by the operator", interval=3)
+        running("starting where the sink's markers say its output ends", what="a driver on the new claim")
+
+        # A stateless change, keepCheckpoint: the same checkpoint goes on with B.
+        proc["sql"] = forms["b"]
+        apply()
+        wait(lambda: any("amount_cents" in k for k in _sink_forms(sink)), 600, "B's records in the sink", interval=5)
+        log(f"after A -> B: {_sink_forms(sink)}")
+
+        # A stateful change, keepCheckpoint: refused, Stalled naming fromSink, nothing written.
+        proc.update(sql=forms["c"], outputMode="update")
+        apply()
+        def incompatible() -> dict | None:
+            st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}
+            return next((c for c in st.get("conditions") or [] if c["type"] == "Stalled" and c["status"] == "True"
+                         and c["reason"] == "CheckpointIncompatible"), None)
+        stalled = wait(incompatible, 600, "Stalled/CheckpointIncompatible", interval=3)
+        log(f"Stalled: {stalled['message'][:400]}")
+        assert "upgradeMode fromSink" in stalled["message"], stalled
+        load.kill()
+        load.wait(30)
+        assert "id,n" not in _sink_forms(sink), "the refused query wrote"
+        app = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
+        time.sleep(20)  # not submitted again while the spec stays
+        assert kubectl_json("-n", ns, "get", "sparkapplication", app_name)["status"].get("executionAttempts") \
+            == app["status"].get("executionAttempts")
+
+        # fromSink: a new checkpoint generation, from where the sink's output ends, under load.
+        proc["upgradeMode"] = "fromSink"
+        apply()
+        load = _load(src, "30000", "150", "32")
+        running("starting where the sink's markers say its output ends", "generation-1",
+                what="the aggregate's query running on a new checkpoint generation")
+        st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)["status"]
+        assert st["sparkCheckpoint"]["generation"] == 1, st.get("sparkCheckpoint")
+        assert load.poll() is None, "the load ended before the new generation ran: make it longer"
+        out, err = load.communicate(timeout=900)
+        assert load.returncode == 0, err
+        log(f"load: {out}")
+        wait(lambda: _settled(ns, name), 300, f"{name} Ready on the aggregate")
+
+        _verify_both_stages(ns, name, src, sink)  # the first load was stopped: the source is the truth
+        got = _sink_forms(sink)
+        log(f"the sink's records by form: {got}")
+        assert set(got) == {"account,form,id", "amount_cents,form,id", "id,n"}, got
+    finally:
+        if load is not None:
+            load.kill()
+        _delete_spark_pipeline(ns, name, check=False)
+        nodetier.python("from confluent_kafka.admin import AdminClient\n"
+                        f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
+                        f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq') "
+                        "if t in a.list_topics(timeout=10).topics]\n"
+                        "[f.result(30) for f in a.delete_topics(left).values()] if left else None")
+        kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
 def _spark_webhook(enable: bool) -> None:
     """`helm upgrade` of the Spark Operator's release with its webhook on or off, its other values
     as `make cluster` installed them (localenv/node/cluster.py)."""
