@@ -502,6 +502,15 @@ def _delete_spark_pipeline(ns: str, name: str, check: bool = True) -> None:
     wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
 
 
+def _delete_topics(ns: str, name: str, src: str, sink: str) -> None:
+    """A Spark test pipeline's topics, so the next test starts on none of its records."""
+    nodetier.python("from confluent_kafka.admin import AdminClient\n"
+                    f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
+                    f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq') "
+                    "if t in a.list_topics(timeout=10).topics]\n"
+                    "[f.result(30) for f in a.delete_topics(left).values()] if left else None")
+
+
 def _operator_pods() -> set[str]:
     return set(kubectl("-n", "eopipe-system", "get", "pods", "-l", "app.kubernetes.io/component=operator",
                        "-o", "jsonpath={.items[*].metadata.name}").split())
@@ -650,11 +659,7 @@ def test_spark_stage_lifecycle_through_the_real_operator(node_tier):
             assert rep["unique_in"] == sent["unique"], (what, rep)
     finally:  # passed or not: the node's cores and the topics to the next test
         _delete_spark_pipeline(ns, name, check=False)
-        nodetier.python("from confluent_kafka.admin import AdminClient\n"
-                        f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
-                        f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq') "
-                        "if t in a.list_topics(timeout=10).topics]\n"
-                        "[f.result(30) for f in a.delete_topics(left).values()] if left else None")
+        _delete_topics(ns, name, src, sink)
 
 
 
@@ -776,11 +781,7 @@ def test_spark_upgrade_modes_through_the_real_operator(node_tier):
         if load is not None:
             load.kill()
         _delete_spark_pipeline(ns, name, check=False)
-        nodetier.python("from confluent_kafka.admin import AdminClient\n"
-                        f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
-                        f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq') "
-                        "if t in a.list_topics(timeout=10).topics]\n"
-                        "[f.result(30) for f in a.delete_topics(left).values()] if left else None")
+        _delete_topics(ns, name, src, sink)
         kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 def _spark_webhook(enable: bool) -> None:
