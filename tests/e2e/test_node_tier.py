@@ -662,7 +662,6 @@ def test_spark_stage_lifecycle_through_the_real_operator(node_tier):
         _delete_topics(ns, name, src, sink)
 
 
-
 def _sink_forms(topic: str) -> dict[str, int]:
     """The sink's committed records by the set of their JSON fields (one per SQL's form)."""
     return json.loads(nodetier.python(
@@ -682,7 +681,7 @@ def _driver_says(ns: str, app_name: str, *words: str) -> bool:
     return all(w in text for w in words)
 
 
-@pytest.mark.timeout(2400)  # four driver changes under one load, two verifies: about 15-20 min
+@pytest.mark.timeout(2400)  # four driver changes under load, two verifies: 13m48s with the tier coming up
 def test_spark_upgrade_modes_through_the_real_operator(node_tier):
     """spec.processing.upgradeMode (docs/upgrades.md) on the real Spark Operator, under one load:
     - the checkpoint claim deleted mid-load (and the driver with it): the operator creates the
@@ -783,6 +782,7 @@ def test_spark_upgrade_modes_through_the_real_operator(node_tier):
         _delete_spark_pipeline(ns, name, check=False)
         _delete_topics(ns, name, src, sink)
         kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
 
 def _spark_webhook(enable: bool) -> None:
     """`helm upgrade` of the Spark Operator's release with its webhook on or off, its other values
