@@ -87,7 +87,41 @@ def check_trusted(part: dict, keys: int) -> None:
                            f"{found} keys of {keys}")
 
 
-def _sample(lag: GroupLag) -> tuple[int, int] | None:
+class FreshLag:
+    """GroupLag that starts over with a new consumer once its calls have failed for STALE_S: a
+    consumer whose group coordinator was dropped from the metadata while it was down waits on it
+    for good (librdkafka #5511, seen with three brokers), and the samples would stop with it."""
+
+    STALE_S = 3.0
+
+    def __init__(self, make):
+        self.make, self.g, self.ok = make, make(), time.monotonic()
+
+    def _call(self, fn):
+        try:
+            out = fn(self.g)
+        except KafkaException:
+            if time.monotonic() - self.ok > self.STALE_S:
+                threading.Thread(target=self.g.close, daemon=True).start()  # may block: not here
+                self.g, self.ok = self.make(), time.monotonic()
+            raise
+        self.ok = time.monotonic()
+        return out
+
+    def lag(self, timeout: float = 10) -> tuple[int, int]:
+        return self._call(lambda g: g.lag(timeout))
+
+    def high(self, timeout: float = 10) -> int:
+        return self._call(lambda g: g.high(timeout))
+
+    def committed(self, timeout: float = 10) -> int:
+        return self._call(lambda g: g.committed(timeout))
+
+    def close(self) -> None:
+        self.g.close()
+
+
+def _sample(lag: FreshLag) -> tuple[int, int] | None:
     """(committed, lag), or None while the broker cannot answer (restarting, coordinator loading)."""
     try:
         return lag.lag(timeout=2)
@@ -95,7 +129,7 @@ def _sample(lag: GroupLag) -> tuple[int, int] | None:
         return None
 
 
-def _steady(lag: GroupLag, seconds: float) -> float:
+def _steady(lag: FreshLag, seconds: float) -> float:
     """The p95 of the lag over `seconds` of undisturbed processing (at least 1)."""
     samples = []
     end = time.monotonic() + seconds
@@ -107,7 +141,7 @@ def _steady(lag: GroupLag, seconds: float) -> float:
     return max(1.0, percentile(sorted(samples), 0.95))
 
 
-def _during(action, lag: GroupLag, stood: Stood) -> None:
+def _during(action, lag: FreshLag, stood: Stood) -> None:
     """Runs the fault's action, sampling the committed offset meanwhile (on this thread's
     GroupLag: the caller does not use it until the action is over)."""
     done = threading.Event()
@@ -128,7 +162,7 @@ def _during(action, lag: GroupLag, stood: Stood) -> None:
         t.join()
 
 
-def _round(env: Env, w: Worker, lag: GroupLag, fault: str, steady: float, hold: float) -> dict:
+def _round(env: Env, w: Worker, lag: FreshLag, fault: str, steady: float, hold: float) -> dict:
     threshold = _steady(lag, steady)
     start_end = lag.high()  # the source's end at the fault's start
     before = lag.committed()
@@ -209,7 +243,7 @@ def bench(workdir: Path, keys: int = 1_000_000, rate: float = 2000, kills: int =
         load = Load(env.bootstrap, topics[0], rate)
         w = Worker("r", env.worker_bootstrap, topics, path, work, run.pipeline,
                    extra=("--transaction-timeout", f"{transaction_timeout:g}"))
-        lag = GroupLag(env.bootstrap, w.group, topics[0])
+        lag = FreshLag(lambda: GroupLag(env.bootstrap, w.group, topics[0]))
         try:
             check_trusted(wait(lambda: w.running(0, 1), 300, "worker running"), keys)
             load.start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections import Counter
 
 import pytest
 
@@ -100,7 +101,10 @@ def test_frozen_worker_is_fenced_after_takeover(pipe3, kafka3):
 @pytest.mark.parametrize("victim", ["coordinator", "leader"])
 def test_broker_killed_under_load(pipe3, kafka3, victim):
     """SIGKILL of the transaction coordinator of partition 0's transactional id, or of the
-    leader of output partition 0, under load; the broker comes back 10 s later."""
+    leader of output partition 0, under load; the broker comes back 10 s later. The restart is
+    at most a warning or two per partition from the worker, not a stream of librdkafka errors
+    (dedup/logs.rdkafka_level). (A call whose group coordinator was the killed node can still
+    wait for the watchdog: librdkafka #5511, docs/design.md#broker-restart.)"""
     w = pipe3.worker([0, 1, 2]).start().wait_ready()
     t, res = background_load(pipe3, 40_000, dup_ratio=0.3, rate=3000, seed=23)
     wait_committed_above(pipe3, 0)
@@ -112,6 +116,12 @@ def test_broker_killed_under_load(pipe3, kafka3, victim):
     finish_load(t, res)
     pipe3.wait_drained(240)
     assert w.terminate() == 0, w.tail()
+    logs = w.logs()
+    errors = [d for d in logs if d.get("logger") == "rdkafka" and d.get("level") in ("error", "critical")]
+    assert not errors, errors
+    warned = Counter(d.get("partition") for d in logs if d.get("logger", "").startswith("eopipe")
+                     and d.get("level") == "warning" and d.get("partition") is not None)
+    assert all(n <= 2 for n in warned.values()), warned
     rep = pipe3.verify()
     assert_clean(rep)
     assert rep.out == res["unique"]

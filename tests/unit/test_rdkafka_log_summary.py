@@ -71,6 +71,9 @@ REFUSED_TEXT = refused()
     # a connection failing for a reason a retry does not cure keeps its level
     ("FAIL", "SSL handshake failed: certificate verify failed", logging.ERROR, False, logging.ERROR),
     ("FAIL", "SASL authentication error: Authentication failed", logging.ERROR, False, logging.ERROR),
+    # an abortable transaction error: the call returns it and the worker aborts and warns
+    ("TXNERR", "Current transaction failed in state InTransaction: Failed to commit offsets to transaction "
+     "on broker 127.0.0.1:53665/1: src[2](Broker: Coordinator not available)", logging.ERROR, False, logging.INFO),
     # other facilities keep theirs: a live producer's fatal error shows
     ("TXNERR", "Fatal transaction error: fenced by a newer instance", logging.CRITICAL, False, logging.CRITICAL),
     ("CONFWARN", "Configuration property x is a consumer property", logging.WARNING, False, logging.WARNING),

@@ -118,6 +118,8 @@ def rdkafka_level(fac: str, text: str, level: int, retired: bool) -> int:
         return DEBUG
     if fac in TRANSIENT and not _NOT_TRANSIENT.search(text):
         return min(level, INFO)
+    if fac == "TXNERR" and not text.startswith("Fatal"):
+        return min(level, INFO)  # an abortable error: the call returns it, the worker aborts and warns
     return level
 
 
