@@ -26,8 +26,8 @@ def test_a_burst_scales_the_dedup_pods_up_and_its_end_down(operator, kube_api, k
     auto = first["status"]["autoscale"]
     assert auto["desiredReplicas"] == 1 and first["status"]["replicas"] == 1, auto
 
-    # 1200 records/s for 30 s: four times what one pod is asked to take (300/s), so the
-    # autoscaler wants 4, capped at maxReplicas 3 (and at most +2 per step).
+    # 1200 records/s for at most 30 s (stopped once scaled up): four times what one pod is asked
+    # to take (300/s), so the autoscaler wants 4, capped at maxReplicas 3 (and at most +2 per step).
     load = Load(kafka_bootstrap, p.topic, 36_000, rate=1200, seed=41)
 
     # One step or two (1 -> 3, or 1 -> 2 -> 3 when the first sample saw the burst only starting),
@@ -55,7 +55,7 @@ def test_a_burst_scales_the_dedup_pods_up_and_its_end_down(operator, kube_api, k
     assert auto["desiredReplicas"] == 3 and auto["reason"], auto
     assert up["spec"]["dedup"]["replicas"] == 1, "the autoscaler must not write the spec"
 
-    stats = load.finish()
+    stats = load.stop()  # the burst ends once it has done its part
 
     def scaled_down():
         obj = p.settled(lr["id"])

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.kafka
 def test_replicas_1_3_2_4_under_load(operator, kube_api, kafka_bootstrap, k8s_namespace):
     p = Pipe(operator, kube_api, kafka_bootstrap, k8s_namespace, **{"dedup.replicas": 1})
     p.wait_settled()
-    load = Load(kafka_bootstrap, p.topic, 50_000, rate=500, seed=31)
+    load = Load(kafka_bootstrap, p.topic, 200_000, rate=500, seed=31)  # until stop()
     time.sleep(2)  # mid-load
     last, summaries = -1, []
     for r in (3, 2, 4):
@@ -50,7 +50,7 @@ def test_replicas_1_3_2_4_under_load(operator, kube_api, kafka_bootstrap, k8s_na
             pods = client.CoreV1Api(kube_api).list_namespaced_pod(
                 p.ns, label_selector=scale["status"]["selector"]).items
             assert sorted(x.metadata.name for x in pods) == ["minimal-dedup-0", "minimal-dedup-1"]
-    stats = load.finish()
+    stats = load.stop()
     p.wait_drained()
     assert_verified(p.verify(), stats["unique"])
     assert [s["partitionsMoved"] for s in summaries] == [2, 1, 2]
@@ -67,7 +67,7 @@ def test_old_owner_killed_mid_handoff_and_new_owner_killed_after_ingest(
     ns = k8s_namespace
     p = Pipe(operator, kube_api, kafka_bootstrap, ns, **{"dedup.replicas": 1})
     p.wait_settled()
-    load = Load(kafka_bootstrap, p.topic, 40_000, rate=500, seed=33)
+    load = Load(kafka_bootstrap, p.topic, 200_000, rate=500, seed=33)  # until stop()
     time.sleep(2)
     p.set(**{"dedup.replicas": 2})
     p.wait_phase({"HandingOff"})
@@ -86,7 +86,7 @@ def test_old_owner_killed_mid_handoff_and_new_owner_killed_after_ingest(
     running_node_agent.kill_pod_process(ns, "minimal-dedup-2")
     obj = p.wait_settled(first["id"])
     assert obj["status"]["lastRebalance"]["partitionsMoved"] == 1
-    stats = load.finish()
+    stats = load.stop()
     p.wait_drained()
     assert_verified(p.verify(), stats["unique"])
 
@@ -95,7 +95,7 @@ def test_old_owner_killed_mid_handoff_and_new_owner_killed_after_ingest(
 def test_operator_killed_in_the_middle_of_rebalances(operator, kube_api, kafka_bootstrap, k8s_namespace):
     p = Pipe(operator, kube_api, kafka_bootstrap, k8s_namespace, **{"dedup.replicas": 1})
     p.wait_settled()
-    load = Load(kafka_bootstrap, p.topic, 40_000, rate=500, seed=34)
+    load = Load(kafka_bootstrap, p.topic, 200_000, rate=500, seed=34)  # until stop()
     time.sleep(2)
     p.set(**{"dedup.replicas": 3})
     rb = p.wait_phase({"HandingOff"})
@@ -117,7 +117,7 @@ def test_operator_killed_in_the_middle_of_rebalances(operator, kube_api, kafka_b
     lr2 = obj["status"]["lastRebalance"]
     assert (lr2["id"], lr2["startedAt"], lr2["type"]) == (rb["id"], rb["startedAt"], "partitions"), lr2
     assert lr2["rebuilt"] == [], lr2
-    stats = load.finish()
+    stats = load.stop()
     resend_all_to(kafka_bootstrap, p.topic, 8)
     p.wait_drained()
     assert_verified(p.verify(), stats["unique"])

@@ -40,20 +40,29 @@ def resend_all_to(bootstrap: str, topic: str, partitions: int) -> int:
 
 
 class Load:
-    """run_load in a thread with a rate: continuous load with duplicates."""
+    """run_load in a thread with a rate: continuous load with duplicates, `count` records or
+    until `stop()`."""
 
     def __init__(self, bootstrap, topic, count, rate, seed):
         from eopipe.tools.loadgen import run_load
         self.result: dict = {}
+        self._stop = threading.Event()
 
         def run():
             try:
                 self.result.update(run_load(bootstrap, topic, count, dup_ratio=0.3,
-                                            wrong_partition_ratio=0.05, rate=rate, seed=seed))
+                                            wrong_partition_ratio=0.05, rate=rate, seed=seed,
+                                            stop=self._stop))
             except BaseException as e:  # noqa: BLE001
                 self.result["error"] = e
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
+
+    def stop(self) -> dict:
+        """Ends a load that must have lasted through what the test did under it."""
+        assert self.thread.is_alive(), "the load ended before the faults did: raise its count"
+        self._stop.set()
+        return self.finish()
 
     def finish(self, timeout=300) -> dict:
         self.thread.join(timeout)

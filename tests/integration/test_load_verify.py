@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -70,6 +71,17 @@ def test_load_waits_when_the_producer_queue_is_full(kafka_bootstrap):
                      producer_config={"queue.buffering.max.messages": 50})
     assert stats["records"] == 3000
     assert sum(1 for _ in TopicReader(kafka_bootstrap).read(src)) == 3000
+
+
+def test_a_stopped_load_ends_and_counts_what_it_sent(kafka_bootstrap):
+    """`stop` ends a load early (the e2e tests' load lasts as long as their faults): its counts are
+    what the topic holds."""
+    (src,) = _topics(kafka_bootstrap, 2)
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    stats = run_load(kafka_bootstrap, src, 100_000, dup_ratio=0.2, rate=500, seed=4, stop=stop)
+    assert 0 < stats["records"] < 100_000
+    assert sum(1 for _ in TopicReader(kafka_bootstrap).read(src)) == stats["records"]
 
 
 def test_verify_counts_lost_duplicated_and_aborted(kafka_bootstrap):

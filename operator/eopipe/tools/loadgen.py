@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 import uuid
 from typing import Callable
@@ -83,8 +84,10 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
              wrong_partition_ratio: float = 0.05, poison: int = 0, partitioner: str = "murmur2",
              rate: float | None = None, seed: int | None = None,
              progress: Callable[[dict], None] | None = None,
-             producer_config: dict | None = None, id_at: tuple[str, ...] = ("id",)) -> dict:
-    """Sends `count` records (originals + resends) and `poison` malformed ones; returns stats."""
+             producer_config: dict | None = None, id_at: tuple[str, ...] = ("id",),
+             stop: threading.Event | None = None) -> dict:
+    """Sends `count` records (originals + resends) and `poison` malformed ones, or fewer once
+    `stop` is set; returns stats of what was sent."""
     if not 0 <= dup_ratio < 1 or not 0 <= wrong_partition_ratio <= 1:
         raise ValueError("dup_ratio must be in [0, 1) and wrong_partition_ratio in [0, 1]")
     rng = random.Random(seed)
@@ -104,6 +107,8 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
     poison_at = set(rng.sample(range(count + poison), poison)) if poison else set()
     t0 = last_report = time.monotonic()
     for i in range(count + poison):
+        if stop is not None and stop.is_set():
+            break
         if i in poison_at:
             # No key and a value that is not JSON: nothing can dedup it; it must reach the DLQ.
             send(producer, topic, value=b"{not json", partition=rng.randrange(partitions),
