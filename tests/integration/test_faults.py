@@ -102,7 +102,7 @@ def test_frozen_worker_is_fenced_after_takeover(pipe3, kafka3):
 def test_broker_killed_under_load(pipe3, kafka3, victim):
     """SIGKILL of the transaction coordinator of partition 0's transactional id, or of the
     leader of output partition 0, under load; the broker comes back 10 s later. The restart is
-    at most a warning or two per partition from the worker, not a stream of librdkafka errors
+    a few warnings per partition from the worker, not a stream of librdkafka errors
     (dedup/logs.rdkafka_level). (A call whose group coordinator was the killed node can still
     wait for the watchdog: librdkafka #5511, docs/design.md#broker-restart.)"""
     w = pipe3.worker([0, 1, 2]).start().wait_ready()
@@ -117,11 +117,19 @@ def test_broker_killed_under_load(pipe3, kafka3, victim):
     pipe3.wait_drained(240)
     assert w.terminate() == 0, w.tail()
     logs = w.logs()
+    # A few lines per partition, not a stream (130 librdkafka error lines per restart before
+    # dedup/logs.rdkafka_level): a transaction whose coordinator moved may retry, abort and retry
+    # again (three warnings seen in CI). A fatal error of an idempotent producer is not noise:
+    # with the output leader killed, NOT_ENOUGH_REPLICAS retries can desynchronize its sequence
+    # numbers (OUT_OF_ORDER_SEQUENCE_NUMBER, seen in CI); the worker restarts that partition with
+    # new clients, two warnings more (the failure and the restart).
     errors = [d for d in logs if d.get("logger") == "rdkafka" and d.get("level") in ("error", "critical")]
-    assert not errors, errors
+    assert all(d["msg"].startswith("FATAL") for d in errors), errors
+    restarted = Counter(d.get("partition") for d in logs if d.get("msg") == "restarting failed partition")
+    assert sum(restarted.values()) >= len(errors), (errors, restarted)
     warned = Counter(d.get("partition") for d in logs if d.get("logger", "").startswith("eopipe")
                      and d.get("level") == "warning" and d.get("partition") is not None)
-    assert all(n <= 2 for n in warned.values()), warned
+    assert all(n <= 4 + 2 * restarted[p] for p, n in warned.items()), (warned, restarted)
     rep = pipe3.verify()
     assert_clean(rep)
     assert rep.out == res["unique"]
