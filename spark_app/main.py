@@ -282,6 +282,16 @@ def _starting_offsets(spark, cfg: Config) -> str | None:
     return start.offsets
 
 
+def _checkpoint_refused(error: str) -> bool:
+    """Says so (stderr, the termination log) when Spark refused the checkpoint for a changed
+    query: the same spec on this checkpoint is refused the same way each run (exit 2)."""
+    reason = refusal(error)
+    if reason:
+        log(reason)
+        write_termination_log(reason)
+    return reason is not None
+
+
 def start_query(spark, cfg: Config):
     from spark_app.sink_kafka import KafkaSinkBatchWriter, SinkParams
 
@@ -353,9 +363,7 @@ def run(cfg: Config) -> int:
             return 0
     exc = query.exception()
     if exc is not None:
-        if refused := refusal(str(exc)):  # the same spec on this checkpoint is refused the same way
-            log(refused)
-            write_termination_log(refused)
+        if _checkpoint_refused(str(exc)):
             return 2
         log(f"query failed: {exc}")
         write_termination_log(f"query failed: {exc}")
@@ -376,9 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         write_termination_log(str(e))
         return 2
     except Exception as e:  # noqa: BLE001 - reported, and the restart policy takes over
-        if checkpoint := refusal(str(e)):  # the changed query on this checkpoint: the same each run
-            print(checkpoint, file=sys.stderr, flush=True)
-            write_termination_log(checkpoint)
+        if _checkpoint_refused(str(e)):
             return 2
         refused = _refused_plan(str(e))
         if refused:  # the SQL's plan, not a fault: the same SQL fails the same way on a restart

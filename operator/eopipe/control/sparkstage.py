@@ -70,7 +70,6 @@ def plan(f: Facts) -> Plan:
     return Plan(APPLY, None)
 
 
-
 # ------------------------------------------------------------------ upgradeMode: which checkpoint
 
 def checkpoint_record(mode: str, query_key: str, recorded: dict | None) -> dict:
@@ -85,4 +84,3 @@ def checkpoint_record(mode: str, query_key: str, recorded: dict | None) -> dict:
     if mode == "keepCheckpoint" or recorded.get("query") == query_key:
         return {"generation": recorded["generation"], "query": recorded.get("query") or query_key}
     return {"generation": recorded["generation"] + 1, "query": query_key}
-

@@ -8,6 +8,7 @@ from kubernetes import client
 
 from eopipe.control import sparkcrd, sparkstage, sparkstatus, sparkwrites, stage_progress
 from eopipe.control.builders import checkpoint, spark
+from eopipe.control.builders.pipeline import processing_objects
 from eopipe.control.ownership import CONFLICT, ObjectConflict, decide
 from eopipe.control.passctx import Pass
 from eopipe.control.status import PROCESSING, Condition
@@ -31,8 +32,8 @@ def run(p: Pass) -> Condition:
     record = sparkstage.checkpoint_record(proc.upgrade_mode, proc.query_key(),
                                           (owner.get("status") or {}).get("sparkCheckpoint"))
     out.fields["sparkCheckpoint"] = record
-    rbac = spark.driver_rbac(names, plane.settings.spark_driver_cluster_role)
-    application = spark.spark_application(names, plane.settings.spark_image, record["generation"])
+    *rbac, application = processing_objects(names, plane.settings.spark_image,
+                                            plane.settings.spark_driver_cluster_role, record["generation"])
     for manifest in rbac:
         plane.applier.apply(manifest, owner)
     name, ns = application["metadata"]["name"], names.namespace

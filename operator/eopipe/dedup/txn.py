@@ -90,9 +90,13 @@ class TxnCalls:
     def __init__(self, partition: int, halt: threading.Event | None = None):
         self.p = partition
         self.halt = halt
-        self.wedged = False   # a call is stuck inside the producer: leave it to the fencing
-        self.stuck_call: concurrent.futures.Future | None = None  # ...and its future
+        # The call stuck inside the producer (the watchdog gave up on it): leave it to the fencing.
+        self.stuck_call: concurrent.futures.Future | None = None
         self._thread: _CallThread | None = None
+
+    @property
+    def wedged(self) -> bool:
+        return self.stuck_call is not None
 
     def __call__(self, what: str, fn, *, deadline: float | None = None, timeout: float = API_TIMEOUT_S,
                  stall: bool = False):
@@ -110,7 +114,7 @@ class TxnCalls:
             try:
                 return fut.result(timeout + WATCHDOG_GRACE_S)
             except concurrent.futures.TimeoutError:
-                self.wedged, self.stuck_call = True, fut
+                self.stuck_call = fut
                 msg = f"{what} did not return within {timeout + WATCHDOG_GRACE_S:.0f}s"
                 if stall:
                     raise Stalled(f"{msg}; replacing the producer") from None

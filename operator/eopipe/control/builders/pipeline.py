@@ -30,12 +30,13 @@ def dedup_objects(names: Names, image: str, assignment: Assignment, replicas: in
             dedup.pod_disruption_budget(names), *policy, dedup.statefulset(names, image, replicas)]
 
 
-def processing_objects(names: Names, spark_image: str, driver_cluster_role: str) -> list[dict]:
+def processing_objects(names: Names, spark_image: str, driver_cluster_role: str, generation: int = 0) -> list[dict]:
     """The Spark driver's ServiceAccount and its binding to the chart's ClusterRole, and last the
-    SparkApplication; nothing without spec.processing."""
+    SparkApplication on checkpoint `generation` (status.sparkCheckpoint); nothing without
+    spec.processing."""
     if names.spec.processing is None:
         return []
-    return [*spark.driver_rbac(names, driver_cluster_role), spark.spark_application(names, spark_image)]
+    return [*spark.driver_rbac(names, driver_cluster_role), spark.spark_application(names, spark_image, generation)]
 
 
 def objects(names: Names, settings: Setup, assignment: Assignment, replicas: int) -> list[dict]:
