@@ -380,8 +380,13 @@ def test_dedup_pods_run_in_a_namespace_that_enforces_the_restricted_standard(
 
 def test_spark_application_state_maps_to_processing_ready(operator, kube_api, kafka_bootstrap, k8s_namespace):
     """The operator's side of the Spark stage: it creates the SparkApplication and reads its state.
-    (The state is written here by hand; tests/integration/test_spark_app.py runs the real application.)"""
+    (The state is written here by hand; tests/integration/test_spark_app.py runs the real application.)
+    The resync is ten minutes here: a state change arrives through the operator's watch of its
+    SparkApplications (control/sparkwatch.py) or not at all within the waits below."""
     ns, cp = k8s_namespace, operator.cp
+    operator.stop()
+    operator.env["EOPIPE_RESYNC_SECONDS"] = "600"
+    operator.start()
     topic = unique_topic("payments", ns)
     doc = example_manifest("payments.yaml", kafka_bootstrap, **{
         "source.topic": topic, "source.partitions": 2, "dedup.replicas": 1,
@@ -409,10 +414,14 @@ def test_spark_application_state_maps_to_processing_ready(operator, kube_api, ka
     set_state("RUNNING")
     obj = wait_for(lambda: ready_pipeline(kube_api, ns, "payments"), 120, what="Ready once Spark runs")
     assert obj["status"]["sparkApplicationState"] == "RUNNING"
+    failed_uid = app["metadata"]["uid"]
     set_state("FAILED", "driver OOMKilled")
     obj = wait_for(lambda: (o := get_pipeline(kube_api, ns, "payments")) and
-                   condition(o, "ProcessingReady").get("reason") == "SparkFailed" and o, 60, what="SparkFailed")
+                   condition(o, "ProcessingReady").get("reason") == "SparkFailed" and o, 30, what="SparkFailed")
     assert condition(obj, "Ready")["status"] == "False" and "OOMKilled" in condition(obj, "ProcessingReady")["message"]
+    # Its retries used up, the operator deletes it; the deletion is seen too and it is submitted again.
+    wait_for(lambda: (a := _spark_app(custom, ns)) and a["metadata"]["uid"] != failed_uid, 30,
+             what="the SparkApplication submitted again")
 
 
 def _spark_app(custom, ns):

@@ -82,10 +82,11 @@ creates, which the API server authorizes as both patch and create.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, create, patch]
-# Deleted while the pipeline is paused (its driver stops), created again on resume.
+# Deleted while the pipeline is paused (its driver stops), created again on resume; watched
+# (list, watch) so that a change of its state reconciles the pipeline (control/sparkwatch.py).
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
-  verbs: [get, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 # The dedup pods' ServiceAccount, Role and RoleBinding (builders/dedup.py rbac), the Spark
 # driver's ServiceAccount and RoleBinding (builders/spark.py driver_rbac).
 - apiGroups: [""]

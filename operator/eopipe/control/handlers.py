@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -10,7 +11,7 @@ from confluent_kafka import KafkaException
 from kubernetes import client
 from prometheus_client import Counter, Gauge, Histogram
 
-from eopipe.control import sparkcrd, stage_progress
+from eopipe.control import sparkcrd, sparkwatch, stage_progress
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.reconcile import Reconciler
 from eopipe.control.settings import Settings
@@ -19,7 +20,8 @@ from eopipe.control.topics import delete_topics
 from eopipe.core import spec as spec_mod
 from eopipe.core.kafkaconf import NotAllowed
 from eopipe.core.kubeclient import load_config
-from eopipe.core.names import Names
+from eopipe.core.names import LABEL_MANAGED_BY, LABEL_PIPELINE, MANAGED_BY, SPARK_GROUP, SPARK_PLURAL, \
+    SPARK_VERSION, Names
 
 RESOURCE = spec_mod.RESOURCE
 
@@ -188,11 +190,39 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
     def autoscale_step(body, logger, **kw):
         resync(body=body, logger=logger, **kw)
 
+    # A SparkApplication's state (a driver Failed, a refused checkpoint) reaches its pipeline's
+    # status now, not at the resync (control/sparkwatch.py). A raw event handler: nothing is
+    # written to the Spark Operator's object (no finalizer, no handler progress).
+    watch = sparkwatch.Watch()
+
+    @kopf.on.event(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, registry=registry,
+                   labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_PIPELINE: kopf.PRESENT})
+    async def spark_state(event, body, logger, **_):
+        meta = body.get("metadata") or {}
+        pipeline = sparkwatch.owner(meta)
+        if pipeline is None:
+            return
+        ns, state = meta.get("namespace", ""), sparkwatch.state_of(body)
+        d = watch.observe((ns, meta.get("name", "")), (ns, pipeline), state,
+                          event.get("type") == "DELETED", time.monotonic())
+        if not d.trigger:
+            return
+        logger.info(f"SparkApplication state {state or 'none'}: reconciling pipeline {pipeline}"
+                    + (f" in {d.delay:.1f}s" if d.delay else ""))
+        await asyncio.sleep(d.delay)
+        owner = {"metadata": {"namespace": ns, "name": pipeline}}
+        for _ in range(sparkwatch.RETRIES):  # Kopf does not retry an event handler
+            try:
+                return await asyncio.to_thread(_reconcile, reconciler(), owner, logger)
+            except kopf.TemporaryError as e:  # e.g. a stopped driver not gone yet: in status already
+                await asyncio.sleep(e.delay or sparkwatch.MIN_GAP_SECONDS)
+
     @kopf.on.delete(*RESOURCE, registry=registry, optional=True)
     def forget_metrics(body, **_):
         """A deleted pipeline's series leave /metrics; they would report it forever."""
         for gauge in (PHASES, OPEN_TXN, AUTOSCALE_DESIRED):
             _forget(gauge, body)
+        watch.passes.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
         stage_progress.forget(body["metadata"]["namespace"], body["metadata"]["name"])
 
     @kopf.on.delete(*RESOURCE, registry=registry)

@@ -41,6 +41,8 @@ KOPF = (
     Access("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"), CLUSTER,
            "Kopf observes the CRD"),
     Access("", "namespaces", ("list", "watch"), CLUSTER, "Kopf observes namespaces, even named ones"),
+    Access(SPARK_GROUP, SPARK_PLURAL, ("list", "watch"), WATCHED,
+           "Kopf watches the SparkApplications: a state change reconciles the pipeline (control/sparkwatch.py)"),
 )
 
 API_ACCESS = (
