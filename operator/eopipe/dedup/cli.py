@@ -93,6 +93,17 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ap.add_argument("--insecure-state-endpoints", action="store_true",
                     help="without a token, serve /snapshots and /reshard to anyone (local runs only; "
                          "by default a worker without a token refuses them)")
+    ap.add_argument("--backup-uri", default=env("EOPIPE_BACKUP_URI"), metavar="s3://BUCKET/PREFIX",
+                    help="upload snapshots of the state here, and restore a partition whose state is gone "
+                         "from the newest one (env EOPIPE_BACKUP_URI; credentials from env AWS_ACCESS_KEY_ID "
+                         "and AWS_SECRET_ACCESS_KEY)")
+    ap.add_argument("--backup-interval", type=cliargs.duration_seconds, default=d["backup_interval_seconds"],
+                    help=f"how often each partition is snapshotted, Go duration syntax "
+                         f"(default {format_duration(d['backup_interval_seconds'])})")
+    ap.add_argument("--backup-retention", type=cliargs.positive_int, default=d["backup_retention"],
+                    help=f"snapshots kept per partition (default {d['backup_retention']})")
+    ap.add_argument("--backup-endpoint", default=env("AWS_ENDPOINT_URL", d["backup_endpoint"]), metavar="URL",
+                    help="the S3-compatible store's endpoint (env AWS_ENDPOINT_URL; default AWS's)")
     ap.add_argument("--log-level", default=env("EOPIPE_LOG_LEVEL", "INFO"),
                     help="DEBUG, INFO, WARNING or ERROR (env EOPIPE_LOG_LEVEL; default INFO)")
     ap.set_defaults(func=cmd_dedup, parser=ap)
@@ -111,7 +122,9 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         max_batch=args.max_batch, memory_mb=args.memory_mb, handoff_timeout_seconds=args.handoff_timeout,
         transaction_timeout_seconds=args.transaction_timeout,
         kafka_config={**kafkaconf.from_env(), **dict(args.kafka_config)},
-        token=auth.read_token(os.environ, args.token_file), insecure_state_endpoints=args.insecure_state_endpoints)
+        token=auth.read_token(os.environ, args.token_file), insecure_state_endpoints=args.insecure_state_endpoints,
+        backup_uri=args.backup_uri, backup_interval_seconds=args.backup_interval,
+        backup_retention=args.backup_retention, backup_endpoint=args.backup_endpoint)
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:

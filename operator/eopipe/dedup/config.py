@@ -8,6 +8,7 @@ from pathlib import Path
 
 from eopipe.core import defaults, names
 from eopipe.core.keys import KeySpec
+from eopipe.dedup import snapshot
 
 
 def parse_partitions(text: str) -> list[int]:
@@ -59,6 +60,13 @@ class WorkerConfig:
     # refused, unless insecure_state_endpoints serves them open (local runs only).
     token: str | None = field(default=None, repr=False)
     insecure_state_endpoints: bool = False
+    # Snapshots of the state in an object store (dedup/backup.py): s3://bucket/prefix, every
+    # interval, the newest `retention` kept; credentials from env AWS_ACCESS_KEY_ID/
+    # AWS_SECRET_ACCESS_KEY, the endpoint of an S3-compatible store (None: AWS's).
+    backup_uri: str | None = None
+    backup_interval_seconds: float = 300.0
+    backup_retention: int = 3
+    backup_endpoint: str | None = None
 
     def __post_init__(self) -> None:
         follows = self.assignment_file is not None or self.assignment_configmap is not None
@@ -78,6 +86,10 @@ class WorkerConfig:
             raise ValueError("--insecure-state-endpoints with a token (EOPIPE_TOKEN or --token-file): give one or the other")
         if self.memory_mb < 8:
             raise ValueError("memory budget must be at least 8 MiB")
+        if self.backup_uri is not None:
+            snapshot.parse_uri(self.backup_uri)
+        if self.backup_interval_seconds < 1 or self.backup_retention < 1:
+            raise ValueError("the backup interval must be at least 1 s and the retention at least 1")
         self.state_dir = Path(self.state_dir)
         if not self.dlq_topic:
             # Malformed records are never dropped: without an explicit DLQ they go here.

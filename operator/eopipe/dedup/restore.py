@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from logging import ERROR, WARNING
 
 from eopipe.core.wire import Recovery
-from eopipe.dedup import recovery
+from eopipe.dedup import backup, recovery, snapshot
 from eopipe.dedup.context import PartitionContext
 from eopipe.dedup.logs import event
 from eopipe.dedup.partition_store import PartitionStore
@@ -62,15 +62,23 @@ def extend(ctx: PartitionContext, p: int, store: PartitionStore, source: SourceR
 
 def restore(ctx: PartitionContext, p: int, source: SourceReader, t0: float) -> Restored:
     """Plans p's recovery from the facts (committed offset, log start, the store's meta) and
-    carries the plan out: reset, skip, replay or rebuild. `t0`: when the recovery began."""
+    carries the plan out: reset, skip, replay or rebuild. A store that is gone is first restored
+    from the newest snapshot if backups are on and it is usable. `t0`: when the recovery began."""
     cfg = ctx.cfg
     committed = source.committed()
     lo, hi = source.watermarks(p)
-    store = ctx.store.open(p)
-    applied = store.applied_offset
     count = ctx.home_count()
     a = ctx.assignment()
     rs = a.reshard
+    if cfg.backup_uri and not ctx.store.exists(p):
+        # The volume was lost: the newest snapshot, if usable, is the store the plan replays
+        # forward from its offset (docs/design.md#snapshots); else the plan rebuilds.
+        backup.restore_latest(cfg, ctx.store, ctx.metrics, snapshot.Facts(
+            store_present=False, committed=committed, log_start=lo, source_topic=cfg.source_topic,
+            home_count=count, reshard=rs is not None, now_ms=int(time.time() * 1000), window_ms=cfg.window_ms,
+            segment_ms=cfg.segment_ms, snapshot=None), p)
+    store = ctx.store.open(p)
+    applied = store.applied_offset
     plan = recovery.plan(recovery.Facts(
         partition=p, committed=committed, log_start=lo, applied=applied,
         store_count=store.partition_count, store_reshard=store.reshard_id, home_count=count,

@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 
 from eopipe.core.assignment import Assignment
 from eopipe.core.wire import PartitionState, PodStatus
+from eopipe.dedup import backup
 from eopipe.dedup.assignment_source import AssignmentSource
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.context import PartitionContext
@@ -126,6 +127,11 @@ class Worker:
                                token=cfg.token, insecure=cfg.insecure_state_endpoints)
         self.http.start()
         self.assignments.start()
+        snapshots = None
+        if cfg.backup_uri:
+            snapshots = backup.Snapshotter(cfg, self.store, self.metrics, partitions=lambda: list(self.runners),
+                                           running=self._running)
+            snapshots.start()
         event(log, INFO, "dedup worker starting", pipeline=cfg.pipeline, namespace=cfg.namespace,
               source=cfg.source_topic, output=cfg.output_topic, dlq=cfg.dlq_topic,
               key=str(cfg.key_spec), window_seconds=cfg.window_seconds,
@@ -160,6 +166,8 @@ class Worker:
             self.assignments.changed.clear()
         event(log, INFO, "stopping: committing open transactions")
         self.assignments.stop()
+        if snapshots is not None:
+            snapshots.stop()  # one being uploaded goes on from its own copy; the store is not needed
         for r in self.runners.values():
             r.stop()
         for r in self.runners.values():
@@ -234,6 +242,10 @@ class Worker:
         if self.cfg.partitions is None:
             return (PartitionState.FAILED, PartitionState.FENCED)
         return (PartitionState.FAILED,)
+
+    def _running(self, p: int) -> bool:
+        r = self.runners.get(p)
+        return r is not None and r.state is PartitionState.RUNNING
 
     def _start(self, p: int) -> None:
         r = self.runners[p] = PartitionRunner(self.context, p)
