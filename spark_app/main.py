@@ -8,9 +8,10 @@ connector jars are taken from EOPIPE_SPARK_JARS (a folder or a comma-separated l
 Exit status: 0 when the query ends on its own (trigger availableNow) or on SIGTERM; 1 when the
 query fails (the SparkApplication restarts OnFailure and resumes from the checkpoint); 2 for
 a bad configuration, including a schema or SQL that Spark cannot analyse, at once and without
-retrying (the same configuration fails the same way), and for a changed query that Spark
-refuses to run on its checkpoint's state (upgrade.py: the reason starts "checkpoint refused:"
-and names the upgradeMode that would run it). The reasons go to stderr and, for 1 and
+retrying (the same configuration fails the same way), for a changed query that Spark
+refuses to run on its checkpoint's state, and for a query without a checkpoint over a sink a
+stateful query wrote to (upgrade.py: the reason starts "checkpoint refused:" and names the
+upgradeMode that would run it). The reasons go to stderr and, for 1 and
 2, to the termination log ($EOPIPE_TERMINATION_LOG, else Kubernetes' /dev/termination-log when
 the container has one), where the driver pod's status shows them and the operator reads them.
 
@@ -41,7 +42,7 @@ if not __package__:  # run as a file by spark-submit: make `spark_app` importabl
 from spark_app.config import META_COLUMNS, Config, ConfigError, FileSink, KafkaSink, load  # noqa: E402
 from spark_app.progress import PORT_LINE, Progress, listen, serve  # noqa: E402
 from spark_app.sink_units import UnsupportedPlan  # noqa: E402
-from spark_app.upgrade import refusal  # noqa: E402
+from spark_app.upgrade import CHECKPOINT_REFUSED, CheckpointRefused, refusal  # noqa: E402
 
 RUNNING_LINE = "eopipe-spark: streaming query running"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -277,15 +278,17 @@ def _starting_offsets(spark, cfg: Config) -> str | None:
     start = choose_start(cfg.upgrade_mode, len(markers), rangeless, plan and plan.from_markers,
                          plan and plan.spark_json(cfg.source_topic), cfg.starting_offsets)
     if start.problem:
-        raise ConfigError([f"sink.commit_topic: no checkpoint at {cfg.checkpoint_location}: {start.problem}"])
+        raise CheckpointRefused(f"{start.problem} (checkpoint {cfg.checkpoint_location}, sink markers in "
+                                f"{cfg.sink.commit_topic})")
     log(f"no checkpoint at {cfg.checkpoint_location}: {start.note}")
     return start.offsets
 
 
 def _checkpoint_refused(error: str) -> bool:
     """Says so (stderr, the termination log) when Spark refused the checkpoint for a changed
-    query: the same spec on this checkpoint is refused the same way each run (exit 2)."""
-    reason = refusal(error)
+    query, or the query has none to start from (CheckpointRefused): the same spec on this
+    checkpoint is refused the same way each run (exit 2)."""
+    reason = error if error.startswith(CHECKPOINT_REFUSED) else refusal(error)
     if reason:
         log(reason)
         write_termination_log(reason)

@@ -12,7 +12,11 @@ the operator shows as a Stalled condition naming the mode that would run the que
 
 Without a usable checkpoint (lost, or a new generation the operator chose), `choose_start` says
 where the query starts: keepCheckpoint and fromSink where the sink's markers prove its output
-ends (sink_position.py); reprocess at startingOffsets, whatever the sink holds.
+ends (sink_position.py); reprocess at startingOffsets, whatever the sink holds. A stateful
+query's markers name no source ranges (its units are shuffle partitions), so over a sink one
+wrote to, where the output ends is unknown: keepCheckpoint (a lost checkpoint) and fromSink
+refuse to start, the same way as Spark's refusal above (exit 2, CHECKPOINT_REFUSED), rather
+than write again from startingOffsets what the sink holds; reprocess is the explicit choice.
 """
 
 from __future__ import annotations
@@ -47,11 +51,26 @@ def refusal(error: str) -> str | None:
             "(its stateful operators start empty), or undo the change")
 
 
+class CheckpointRefused(Exception):
+    """Do not start: the reason (it starts with CHECKPOINT_REFUSED) for the termination log, exit 2."""
+
+
+def unknown_end(mode: str) -> str:
+    """The reason a query without a checkpoint does not start over a stateful query's markers."""
+    why = ("the checkpoint is empty (lost: its claim or directory deleted)" if mode == "keepCheckpoint"
+           else f"upgradeMode {mode} starts a new checkpoint")
+    return (f"{CHECKPOINT_REFUSED} {why}, and a stateful query wrote to the sink: its markers name no source "
+            "ranges, so where its output ends is unknown, and a new run from startingOffsets would write again "
+            "what the sink holds; nothing was written. Set spec.processing.upgradeMode reprocess to start over "
+            "from reprocessFrom knowingly (its stateful operators start empty)"
+            + (", or restore the checkpoint" if mode == "keepCheckpoint" else ""))
+
+
 @dataclass(frozen=True)
 class Start:
     offsets: str | None   # startingOffsets JSON; None: the config's startingOffsets
     note: str             # for the log
-    problem: str | None = None  # set: do not start (exit 2, the reason)
+    problem: str | None = None  # set: do not start (exit 2, the reason: CheckpointRefused)
 
 
 def choose_start(mode: str, markers: int, rangeless: int, from_markers: dict[int, int] | None,
@@ -65,12 +84,10 @@ def choose_start(mode: str, markers: int, rangeless: int, from_markers: dict[int
                            "(records written already are written again)")
     if not markers:
         return Start(None, f"no markers: a new run from {default}")
-    if mode == "fromSink" and rangeless:  # the stateful query's output may go further than any range
-        return Start(None, "", "upgradeMode fromSink: a stateful query wrote to the sink and its markers name no "
-                               "source ranges, so where its output ends is unknown; set upgradeMode reprocess to "
-                               "start from reprocessFrom knowingly")
+    if rangeless:  # the stateful query's output may go further than any range
+        return Start(None, "", unknown_end(mode))
     if not from_markers:
-        return Start(None, f"the sink's markers name no source ranges (a stateful query's): starting at "
-                           f"{default}, as a new run")
+        return Start(None, f"the sink's markers name no range of this source topic: starting at {default}, "
+                           "as a new run")
     return Start(offsets_json, "starting where the sink's markers say its output ends, per source partition "
                                + json.dumps(from_markers, sort_keys=True))

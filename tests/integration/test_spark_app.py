@@ -431,3 +431,19 @@ def test_windowed_count_with_rocksdb_state_is_exact_after_a_kill(kafka_bootstrap
     state = list((tmp_path / "checkpoint" / "state").rglob("*.zip")) + \
         list((tmp_path / "checkpoint" / "state").rglob("*.changelog"))
     assert state, "no RocksDB state store files in the checkpoint"
+
+    # The checkpoint lost (a deleted claim) under upgradeMode keepCheckpoint: the markers are the
+    # stateful query's (no source ranges), so where its output ends is unknown. The driver refuses
+    # (exit 2, the reason the operator shows as Stalled/CheckpointIncompatible) instead of a new
+    # run from startingOffsets that would write every window again; nothing is written.
+    def written():
+        return sum(1 for _ in TopicReader(kafka_bootstrap, "read_uncommitted").read(t.sink))
+    before = written()
+    d.kill()
+    shutil.rmtree(tmp_path / "checkpoint")
+    d.env["EOPIPE_TERMINATION_LOG"] = str(tmp_path / "termination-log")
+    d.start()
+    assert d.wait(180) == 2, d.tail(30, meaningful=True)
+    reason = (tmp_path / "termination-log").read_text()
+    assert reason.startswith("checkpoint refused: the checkpoint is empty") and "upgradeMode reprocess" in reason
+    assert written() == before

@@ -91,7 +91,11 @@ STARTS = [
     ("keep: where the markers end", "keepCheckpoint", 2, 0, PLACED, PLACED[1], False),
     ("fromSink: where the markers end", "fromSink", 2, 0, PLACED, PLACED[1], False),
     ("no markers: the config's start", "fromSink", 0, 0, NONE, None, False),
-    ("keep, a stateful query's markers: a new run, as before", "keepCheckpoint", 2, 2, ({}, None), None, False),
+    ("keep, a lost checkpoint under a stateful query's markers: refused, not a new run that writes again",
+     "keepCheckpoint", 2, 2, ({}, None), None, True),
+    ("keep, a lost checkpoint, a stateless query's then a stateful one's: refused", "keepCheckpoint", 3, 2,
+     PLACED, None, True),
+    ("keep, markers of another source topic only: a new run", "keepCheckpoint", 2, 0, ({}, None), None, False),
     ("fromSink, a stateful query's markers: refused, not a silent rewrite", "fromSink", 2, 2, ({}, None), None,
      True),
     ("fromSink, a stateless query's then a stateful one's: its end is unknown, refused", "fromSink", 3, 2,
@@ -106,8 +110,9 @@ def test_choose_start(mode, markers, rangeless, placed, offsets, problem):
     got = choose_start(mode, markers, rangeless, placed[0], placed[1], "earliest")
     assert got.offsets == offsets
     assert bool(got.problem) == problem
-    if problem:
-        assert "reprocess" in got.problem
+    if problem:  # the operator's CheckpointIncompatible path; the mode that works is named
+        assert got.problem.startswith(upgrade.CHECKPOINT_REFUSED) and "upgradeMode reprocess" in got.problem
+        assert ("restore the checkpoint" in got.problem) == (mode == "keepCheckpoint")
 
 
 def test_refused_checkpoint_stalls_naming_the_mode_and_is_not_resubmitted():
@@ -116,6 +121,9 @@ def test_refused_checkpoint_stalls_naming_the_mode_and_is_not_resubmitted():
     v = judge(state, (DriverExit(CONFIG_EXIT, words),))
     assert v.stalled.reason == sparkstatus.INCOMPATIBLE and "upgradeMode fromSink" in v.stalled.message
     assert not v.resubmit
+    lost = judge(state, (DriverExit(CONFIG_EXIT, upgrade.unknown_end("keepCheckpoint")),))
+    assert lost.stalled.reason == sparkstatus.INCOMPATIBLE and not lost.resubmit
+    assert "upgradeMode reprocess" in lost.stalled.message and "fromSink" not in lost.stalled.message
     other = judge(state, (DriverExit(CONFIG_EXIT, "invalid spark_app config:\n  - sql: bad"),))
     assert other.stalled.reason == "SparkFailed"
     assert sparkstatus.CHECKPOINT_REFUSED == upgrade.CHECKPOINT_REFUSED  # the two sides agree

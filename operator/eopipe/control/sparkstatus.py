@@ -16,9 +16,10 @@ failed with ExitCode: <n>, Reason: <r>"; Spark's words are the driver pod's term
 (its container status), read while the pod is there. The local stand-in (localenv/sparkrunner.py)
 has no driver pod and appends them to `errorMessage`.
 
-A changed query that Spark cannot run on the checkpoint's state (upgradeMode keepCheckpoint; the
-driver's words start with CHECKPOINT_REFUSED, spark_app/upgrade.py) is such an exit too: Stalled
-with reason CheckpointIncompatible, naming the upgradeMode that would run it.
+A changed query that Spark cannot run on the checkpoint's state (upgradeMode keepCheckpoint), and
+a query with no checkpoint over a sink a stateful query wrote to (a lost checkpoint, or fromSink),
+are such an exit too: the driver's words start with CHECKPOINT_REFUSED (spark_app/upgrade.py) and
+name the upgradeMode that would run; Stalled with reason CheckpointIncompatible, with those words.
 
 Any other failure is worth retrying: while the Spark Operator retries (FAILING, PENDING_RERUN) the
 stage is Degraded; once it has given up (FAILED), or the driver ended with status 0 (SIGTERM on
@@ -79,10 +80,8 @@ def judge(app: dict | None, drivers: Iterable[DriverExit] = ()) -> Verdict:
         code = int(m.group(1))
     detail = spark_words or _OPERATOR_WORDS.sub("", err) or f"Spark application {state}"
     if state in ("FAILING", "PENDING_RERUN", "FAILED") and code == CONFIG_EXIT and CHECKPOINT_REFUSED in detail:
-        msg = (f"the changed spec.processing cannot go on from its checkpoint ({detail}); nothing was written "
-               "by it. With upgradeMode keepCheckpoint it is not submitted again: set spec.processing.upgradeMode "
-               "fromSink (a new checkpoint that starts where the sink's output ends; stateful operators start "
-               "empty), or undo the change")
+        # The driver's reason names the upgradeMode that would run (spark_app/upgrade.py).
+        msg = f"{detail}. It is not submitted again until spec.processing changes"
         return Verdict(state, Condition("ProcessingReady", False, "SparkFailed", msg),
                        Condition("Stalled", True, INCOMPATIBLE, msg))
     if state in ("FAILING", "PENDING_RERUN", "FAILED") and code == CONFIG_EXIT:
