@@ -53,7 +53,9 @@ class Bucket:
 
         self.loc = loc
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        self.s3 = boto3.session.Session().client(
+        session = boto3.session.Session()
+        self.has_credentials = session.get_credentials() is not None
+        self.s3 = session.client(
             "s3", endpoint_url=endpoint or None, region_name=region,
             config=Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
                           retries={"max_attempts": 3, "mode": "standard"},
@@ -203,7 +205,12 @@ class Snapshotter(threading.Thread):
         self.halt.set()
 
     def run(self) -> None:
-        while not self.halt.wait(self.cfg.backup_interval_seconds):
+        c = self.cfg
+        event(log, INFO, "snapshots on", uri=c.backup_uri, endpoint=c.backup_endpoint,
+              interval_seconds=c.backup_interval_seconds, retention=c.backup_retention)
+        if not self.bucket.has_credentials:
+            event(log, WARNING, "snapshots: no credentials (env AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
+        while not self.halt.wait(c.backup_interval_seconds):
             for p in list(self.partitions()):
                 if self.halt.is_set():
                     break
