@@ -5,20 +5,28 @@ import json
 
 import pytest
 
-from eopipe.core.keys import KeySpec, MalformedRecord, extract, extractor
+from eopipe.core.keys import KeySpec, MalformedRecord, batch_extractor, extract, extractor
 
 
 def key_of(spec, key, value, headers):
     """extract()'s answer, after checking that the worker's extractor(spec) gives the same key,
-    or raises the same error."""
+    or raises the same error, and that its batch_extractor(spec) gives the same key or leaves
+    the record to the per-record path (None), alone and in a batch with a common record."""
+    many = batch_extractor(spec)
+    common = b'{"id": "c", "user": {"id": "c"}}'
     try:
         want = extract(spec, key, value, headers)
     except MalformedRecord as e:
         with pytest.raises(MalformedRecord) as got:
             extractor(spec)(key, value, headers)
         assert str(got.value) == str(e)
+        if many:
+            assert many([value]) is None and many([common, value]) is None
         raise
     assert extractor(spec)(key, value, headers) == want
+    if many:
+        assert many([value]) in (None, [want])
+        assert many([common, value]) in (None, [b"c", want])
     return want
 
 ID = KeySpec("jsonField", "id")
@@ -137,3 +145,14 @@ def test_a_name_with_a_dot_is_read_by_the_list_form():
 def test_bad_json_paths_are_refused(text):
     with pytest.raises(ValueError, match="bad"):
         KeySpec.parse(text)
+
+
+def test_json_keys_of_a_batch_at_once():
+    """The worker's batch path takes the common case itself (else it would gain nothing) and
+    leaves anything else to the per-record path."""
+    assert batch_extractor(ID)([b'{"id": "a"}', b'{"id": "b", "n": 1}']) == [b"a", b"b"]
+    assert batch_extractor(USER_ID)([b'{"user": {"id": "u"}}']) == [b"u"]
+    assert batch_extractor(ID)([]) == []
+    assert batch_extractor(ID)([b'{"id": "a"}', b'{"id": 42}']) is None  # an integer: one by one
+    assert batch_extractor(KeySpec.parse("json:a.b.c")) is None
+    assert batch_extractor(KeySpec()) is None and batch_extractor(KeySpec("header", "h")) is None

@@ -11,6 +11,19 @@ from eopipe.core import partitioner
 def test_unknown_partitioner_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown partitioner 'fnv'"):
         partitioner.get("fnv")
+    with pytest.raises(ValueError, match="unknown partitioner 'fnv'"):
+        partitioner.get_many("fnv")
+
+
+@pytest.mark.parametrize("name", sorted(partitioner.PARTITIONERS))
+@pytest.mark.parametrize("n", [1, 4, 7])
+def test_a_batch_of_keys_is_placed_as_each_key_alone(name, n):
+    """The worker's home check takes a polled batch at once (get_many): the same partitions."""
+    rng = random.Random(3)
+    keys = [rng.randbytes(rng.randrange(1, 50)) for _ in range(500)] + [b"a", b"\xff" * 37]
+    one = partitioner.get(name)
+    assert partitioner.get_many(name)(keys, n) == [one(k, n) for k in keys]
+    assert partitioner.get_many(name)([], n) == []
 
 
 def test_fast_path_matches_the_python_reference():

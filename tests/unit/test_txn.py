@@ -187,3 +187,74 @@ def test_an_abort_goes_back_to_the_committed_offset(fail, expected):
             t.abort(0.3)  # a retriable timeout is retried for this long
         assert t.open and t.pending  # not settled: nothing forgotten
     assert "abort_transaction" in log and not any(isinstance(e, tuple) and e[0] == "apply" for e in log)
+
+
+# -- the hot path: Transaction.process over a polled batch (dedup/batch.py) ------------------------
+def _keys_at(home: int, n: int, nparts: int = 4) -> list[bytes]:
+    from eopipe.core.partitioner import murmur2_partition
+
+    keys = (f"k{i}".encode() for i in range(10_000))
+    return [k for k in keys if murmur2_partition(k, nparts) == home][:n]
+
+
+MINE, OTHERS = _keys_at(3, 3), _keys_at(1, 1)
+
+
+def _msg(offset, key=None, value=None, headers=None, error=None):
+    from confluent_kafka import Message
+
+    return Message(topic="src", partition=3, offset=offset, key=key, value=value, headers=headers,
+                   timestamp=(1, 1000 + offset), error=error)
+
+
+@pytest.mark.parametrize("spec, batch, stored, expected, counts", [
+    # New keys go out, in order, to p's output partition; a stored key and a key twice are duplicates.
+    ("key", [_msg(10, MINE[0], b"a"), _msg(11, MINE[1], b"b"), _msg(12, MINE[0], b"c"), _msg(13, MINE[2], b"d")],
+     {MINE[1]}, [("out", b"a", MINE[0], 3, 1010), ("out", b"d", MINE[2], 3, 1013)], (4, 2, 2, 0, 0)),
+    # No key: to the dead-letter topic; a key homed elsewhere: rerouted to its home, marked.
+    ("key", [_msg(10, None, b"a"), _msg(11, OTHERS[0], b"b"), _msg(12, MINE[0], b"c")], set(),
+     [("dlq", b"a", None, -1, 1010), ("src", b"b", OTHERS[0], 1, 1011), ("out", b"c", MINE[0], 3, 1012)],
+     (3, 1, 0, 1, 1)),
+    # A consumer's end-of-partition event is no record; the reroute mark never reaches the output.
+    ("key", [_msg(10, MINE[0], b"a", headers=[("eopipe.rerouted.from", b"0:5"), ("h", b"1")]),
+             _msg(11, error=KafkaError(KafkaError._PARTITION_EOF))], set(),
+     [("out", b"a", MINE[0], 3, 1010)], (1, 1, 0, 0, 0)),
+    # A JSON key: its field (the record key is not used), a malformed value to the DLQ.
+    ("json:id", [_msg(10, b"x", b'{"id": "%s"}' % MINE[0]), _msg(11, b"y", b"{not json"),
+                 _msg(12, b"z", b'{"id": "%s"}' % MINE[0])], set(),
+     [("out", b'{"id": "%s"}' % MINE[0], b"x", 3, 1010), ("dlq", b"{not json", b"y", -1, 1011)], (3, 1, 1, 0, 1)),
+])
+def test_a_polled_batch(spec, batch, stored, expected, counts):
+    from types import SimpleNamespace
+
+    from eopipe.core.headers import H_REROUTED
+    from eopipe.core.keys import KeySpec
+    from eopipe.dedup.batch import Transaction
+    from eopipe.dedup.config import WorkerConfig
+
+    sent = []
+
+    class Producer(FakeProducer):
+        def produce(self, topic, value, key, partition, *args, timestamp=None, headers=None):
+            if args:  # the hot path's positional form: callback, on_delivery, timestamp, headers
+                timestamp, headers = args[2], args[3]
+            sent.append((topic, value, key, partition, timestamp, headers))
+
+        def poll(self, timeout):
+            return 0
+
+    cfg = WorkerConfig(bootstrap="127.0.0.1:9", source_topic="src", output_topic="out", pipeline="p",
+                       dlq_topic="dlq", partitions=[3], key_spec=KeySpec.parse(spec))
+    store = SimpleNamespace(contains=lambda keys: {k for k in keys if k in stored})
+    t = Transaction(cfg, 3, Producer([]), SimpleNamespace(), store, TxnCalls(3), lambda: 4, False, committed=10)
+    t.process(batch)
+    by_topic = sorted(sent, key=lambda s: s[0])  # each topic in its order (the DLQ's go first)
+    assert [s[:5] for s in by_topic] == sorted(expected, key=lambda s: s[0])
+    rerouted = [s[5] for s in sent if s[0] == "src"]
+    assert all(h[-1] == (H_REROUTED, b"3:11") for h in rerouted)
+    # The reroute mark never reaches the output; the other headers do, as they were.
+    assert [s[5] for s in sent if s[0] == "out" and s[5]] == [[("h", b"1")]] * any(m.headers() for m in batch)
+    c = t.counts
+    assert (c.consumed, c.emitted, c.duplicates, c.rerouted, c.dead_lettered) == counts
+    assert t.open and t.next_offset == batch[-1].offset() + 1 - (batch[-1].error() is not None)
+    assert set(t.pending) == {s[2] if spec == "key" else MINE[0] for s in sent if s[0] == "out"}

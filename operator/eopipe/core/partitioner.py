@@ -52,9 +52,10 @@ def _murmur2_partition_py(key: bytes, partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % partitions
 
 
-def _librdkafka_murmur2() -> Callable[[bytes, int], int] | None:
+def _librdkafka_murmur2():
     """librdkafka's own murmur2 partitioner (exported by the library confluent-kafka ships),
-    through ctypes: ~10x faster than Python. None if it cannot be found or disagrees."""
+    through ctypes: ~10x faster than Python, as (one key, many keys). None if it cannot be found
+    or disagrees."""
     try:
         import confluent_kafka
 
@@ -74,15 +75,21 @@ def _librdkafka_murmur2() -> Callable[[bytes, int], int] | None:
             def partition(key: bytes, partitions: int, _fn=fn, _len=len) -> int:
                 return _fn(None, key, _len(key), partitions, None, None)
 
+            def partitions_of(keys: list[bytes], partitions: int, _fn=fn, _len=len) -> list[int]:
+                # One comprehension, no Python call per key: a third of partition()'s cost.
+                return [_fn(None, k, _len(k), partitions, None, None) for k in keys]
+
             probe = [b"a", b"ab", b"abc", b"abcd", b"0123456789", b"\xff" * 37]
-            if all(partition(k, 1000) == _murmur2_partition_py(k, 1000) for k in probe):
-                return partition
+            if all(partition(k, 1000) == _murmur2_partition_py(k, 1000) for k in probe) and \
+                    partitions_of(probe, 1000) == [_murmur2_partition_py(k, 1000) for k in probe]:
+                return partition, partitions_of
     except Exception:  # noqa: BLE001 - any trouble means: use the Python one
         pass
     return None
 
 
-murmur2_partition: Callable[[bytes, int], int] = _librdkafka_murmur2() or _murmur2_partition_py
+_NATIVE = _librdkafka_murmur2()
+murmur2_partition: Callable[[bytes, int], int] = _NATIVE[0] if _NATIVE else _murmur2_partition_py
 
 
 def crc32_partition(key: bytes, partitions: int) -> int:
@@ -94,12 +101,27 @@ PARTITIONERS: dict[str, Callable[[bytes, int], int]] = {
     "crc32": crc32_partition,
 }
 
+# The same, for a list of keys at once (the worker's hot path: a polled batch's home check).
+MANY: dict[str, Callable[[list[bytes], int], list[int]]] = {
+    "murmur2": _NATIVE[1] if _NATIVE else (lambda keys, n: [_murmur2_partition_py(k, n) for k in keys]),
+    "crc32": lambda keys, n, _crc=zlib.crc32: [_crc(k) % n for k in keys],
+}
+
 # The librdkafka `partitioner` setting that matches each of ours.
 LIBRDKAFKA_NAMES = {"murmur2": "murmur2_random", "crc32": "consistent_random"}
 
 
 def get(name: str) -> Callable[[bytes, int], int]:
+    return _named(PARTITIONERS, name)
+
+
+def get_many(name: str) -> Callable[[list[bytes], int], list[int]]:
+    """get(name) over a list of keys: [get(name)(k, n) for k in keys], faster."""
+    return _named(MANY, name)
+
+
+def _named(table: dict, name: str):
     try:
-        return PARTITIONERS[name]
+        return table[name]
     except KeyError:
-        raise ValueError(f"unknown partitioner {name!r}; expected one of {sorted(PARTITIONERS)}")
+        raise ValueError(f"unknown partitioner {name!r}; expected one of {sorted(table)}") from None

@@ -22,7 +22,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException,
 
 from eopipe.core import partitioner as partitioners
 from eopipe.core.headers import H_OFFSET, H_PARTITION, H_REASON, H_REROUTED, H_TOPIC
-from eopipe.core.keys import MalformedRecord, extractor
+from eopipe.core.keys import MalformedRecord, batch_extractor, extractor
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.partition_store import PartitionStore
@@ -64,8 +64,9 @@ class Transaction:
         self.calls = calls
         self.home_count = home_count      # the partition count of the home check, read per batch
         self.no_dedup = no_dedup          # the test-only fault: every record counts as new
-        self.home = partitioners.get(cfg.partitioner)
+        self.homes = partitioners.get_many(cfg.partitioner)  # the home check, a batch at once
         self.extract = extractor(cfg.key_spec)
+        self.extract_many = batch_extractor(cfg.key_spec)  # None: one by one (self.extract)
         self.after_commit = after_commit  # the test-only fault between commit and store write
         self.reset(committed)
 
@@ -87,59 +88,58 @@ class Transaction:
         self.deadline = self.began + self.cfg.commit_interval_ms / 1000
 
     def process(self, msgs) -> None:
+        """The polled records, in three passes over the batch: their keys (malformed -> the
+        DLQ), their home partitions at once (elsewhere -> rerouted), then one lookup and the
+        emits. Records and keys in two parallel lists: no tuple per record (and less for the
+        garbage collector to scan)."""
         cfg = self.cfg
         p = self.p
-        out_p = self.out_p
-        src = cfg.source_topic
-        by_key = cfg.key_spec.kind == "recordKey"  # the record key itself: no call per record
-        extract = self.extract
-        home = self.home
-        nparts = self.home_count()
         produce = self.producer.produce
-        pending = self.pending
-        candidates = []
-        append = candidates.append
-        rerouted = dead = n = 0
+        by_key = cfg.key_spec.kind == "recordKey"  # the record key itself: no call per record
+        good: list = []   # the records with a key, in order
+        keys: list = []   # their keys
+        add_m, add_k = good.append, keys.append
+        bad = 0
         last = None
         for m in msgs:
             if m.error() is not None:
                 self._consumer_error(m.error())
                 continue
             last = m
-            n += 1
             if by_key:
                 k = m.key()
                 if not k:
-                    dead += self._dead_letter(produce, m, "record has no key")
+                    bad += self._dead_letter(produce, m, "record has no key")
                     continue
-            else:
-                try:
-                    k = extract(m.key(), m.value(), m.headers())
-                except MalformedRecord as e:
-                    dead += self._dead_letter(produce, m, str(e))
-                    continue
-            if nparts > 1 and (h := home(k, nparts)) != p:
-                if not self.open:
-                    self.begin()
-                hdrs = list(m.headers() or ())
-                hdrs.append((H_REROUTED, f"{p}:{m.offset()}".encode()))
-                if self._produce(produce, src, m.value(), m.key(), h, _ts(m), hdrs, m):
-                    rerouted += 1
-                else:
-                    dead += 1
-                continue
-            append((m, k))
+                add_k(k)
+            add_m(m)
         if last is None:
             return
+        if not by_key:  # the whole batch at once where it can be, else one by one
+            many = self.extract_many
+            keys = many([m.value() for m in good]) if many is not None else None
+            if keys is None:
+                good, keys, bad = self._keys_one_by_one(produce, good)
+        n = len(good) + bad
+        dead = bad
+        rerouted = 0
+        nparts = self.home_count()
+        if nparts > 1:
+            homes = self.homes(keys, nparts)
+            if homes.count(p) != len(homes):  # some are not p's: reroute them, keep the rest
+                rerouted, failed, good, keys = self._reroute(produce, good, keys, homes)
+                dead += failed
         if not self.open:
             self.begin()
-        # Dedup: the open transaction's keys, then one batched multi-get per live segment.
-        lookup = [k for _, k in candidates if k not in pending]  # a key twice: found twice, no harm
+        # Dedup: the open transaction's keys, then the store's live segments (store.contains).
+        pending = self.pending
+        lookup = [k for k in keys if k not in pending] if pending else keys  # a key twice: found twice, no harm
         seen = self.store.contains(lookup) if lookup else ()
         broken = self.no_dedup
         out = cfg.output_topic
+        out_p = self.out_p
         emitted = dups = 0
-        for m, k in candidates:
+        for m, k in zip(good, keys):
             if not broken and (k in pending or k in seen):
                 dups += 1
                 continue
@@ -174,6 +174,44 @@ class Transaction:
         c.dead_lettered += dead
         self.records += n
         self.next_offset = last.offset() + 1
+
+    def _keys_one_by_one(self, produce, msgs: list) -> tuple[list, list, int]:
+        """(the records with a key, their keys, how many went to the DLQ without one)."""
+        extract = self.extract
+        good: list = []
+        keys: list = []
+        bad = 0
+        for m in msgs:
+            try:
+                k = extract(m.key(), m.value(), m.headers())
+            except MalformedRecord as e:
+                bad += self._dead_letter(produce, m, str(e))
+                continue
+            good.append(m)
+            keys.append(k)
+        return good, keys, bad
+
+    def _reroute(self, produce, good: list, keys: list, homes: list[int]) -> tuple[int, int, list, list]:
+        """Sends the records whose home is not p to their home partition of the source, marked
+        (docs/design.md#reroute); (rerouted, dead-lettered instead, p's records, their keys)."""
+        if not self.open:
+            self.begin()
+        p, src = self.p, self.cfg.source_topic
+        mine_m: list = []
+        mine_k: list = []
+        rerouted = failed = 0
+        for m, k, h in zip(good, keys, homes):
+            if h == p:
+                mine_m.append(m)
+                mine_k.append(k)
+                continue
+            hdrs = list(m.headers() or ())
+            hdrs.append((H_REROUTED, f"{p}:{m.offset()}".encode()))
+            if self._produce(produce, src, m.value(), m.key(), h, _ts(m), hdrs, m):
+                rerouted += 1
+            else:
+                failed += 1
+        return rerouted, failed, mine_m, mine_k
 
     def _consumer_error(self, err) -> None:
         if err.code() == KafkaError._PARTITION_EOF:
