@@ -9,7 +9,7 @@ import time
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from eopipe.core.assignment import Assignment, grow
+from eopipe.core.assignment import Assignment, Reshard, ReshardEra, grow
 from localenv.fixtures_operator import wait_for
 
 
@@ -37,7 +37,7 @@ def reshard(pipe, workers, owners_before, new_count, gen, history, rid=None):
     wait_until(lambda: all(w.status()["paused"] and w.status()["generation"] >= gen for w in workers.values()),
                what="all paused")
     c = Consumer({"bootstrap.servers": pipe.bootstrap, "group.id": pipe.group})
-    offsets = {str(tp.partition): max(0, tp.offset) for tp in
+    offsets = {tp.partition: max(0, tp.offset) for tp in
                c.committed([TopicPartition(pipe.source, p) for p in range(old)], timeout=30)}
     c.close()
     # The boundaries are exactly where each partition stopped: a paused pod's last commit is
@@ -50,19 +50,18 @@ def reshard(pipe, workers, owners_before, new_count, gen, history, rid=None):
         if last[p].get("interrupted"):
             # Stopped while recovering (after a stall, say): a commit in flight then may have
             # gone through since, so Kafka's offset can only be at or past the logged one.
-            assert offsets[str(p)] >= (last[p]["committed"] or 0), (p, last[p], offsets)
+            assert offsets[p] >= (last[p]["committed"] or 0), (p, last[p], offsets)
         else:
-            assert offsets[str(p)] == last[p]["committed"], (p, last[p], offsets)
+            assert offsets[p] == last[p]["committed"], (p, last[p], offsets)
     admin = AdminClient({"bootstrap.servers": pipe.bootstrap})
     admin.create_partitions([NewPartitions(pipe.source, new_count)])[pipe.source].result(30)
     pipe.partitions = new_count
     owners = grow(new_count, sorted(workers), owners_before)
     rid = rid or gen + 1
-    history = tuple(history) + ({"id": rid, "from": old, "to": new_count, "at": int(time.time() * 1000),
-                                 "offsets": offsets},)
+    history = tuple(history) + (ReshardEra(rid, old, new_count, offsets, at=int(time.time() * 1000)),)
     peers = {n: f"http://127.0.0.1:{w.port}" for n, w in workers.items()}
     write_assignment(path, Assignment(gen + 1, owners, partition_count=new_count,
-                                      reshard={"id": rid, "from": old, "to": new_count, "peers": peers},
+                                      reshard=Reshard(rid, old, new_count, peers),
                                       reshards=history))
     for p, o in owners.items():
         wait_until(lambda p=p, o=o: running_at(workers[o], p, gen + 1), what=f"partition {p} running")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from eopipe.core.assignment import Assignment
+from eopipe.core.assignment import Assignment, Handoff
 from tests.helpers.rebalance import reshard, running_at, wait_until, write_assignment
 from tests.helpers.workers import Pipeline, assert_clean, background_load, finish_load, recoveries
 
@@ -27,7 +27,7 @@ def test_worker_handoff_by_snapshot_under_load(pipe):
     t, res = background_load(pipe, 24_000, dup_ratio=0.3, rate=6000, seed=21)
     time.sleep(1.5)  # mid-load
     write_assignment(path, Assignment(2, {0: "pod-a", 1: "pod-b", 2: "pod-b"}, partition_count=3,
-                                      handoffs={p: {"from": "pod-a", "url": f"http://127.0.0.1:{a.port}"}
+                                      handoffs={p: Handoff("pod-a", f"http://127.0.0.1:{a.port}")
                                                 for p in (1, 2)}))
     parts = {p: wait_until(lambda p=p: running_at(b, p, 2), what=f"partition {p} at pod-b") for p in (1, 2)}
     for p, part in parts.items():
@@ -58,7 +58,7 @@ def test_worker_snapshot_missing_falls_back_to_rebuild(pipe):
     pipe.wait_drained()
     a.kill()  # the old owner is gone: nobody serves the snapshot
     write_assignment(path, Assignment(2, {0: "pod-b", 1: "pod-b", 2: "pod-b"}, partition_count=3,
-                                      handoffs={p: {"from": "pod-a", "url": f"http://127.0.0.1:{a.port}"}
+                                      handoffs={p: Handoff("pod-a", f"http://127.0.0.1:{a.port}")
                                                 for p in range(3)}))
     for p in range(3):
         part = wait_until(lambda p=p: running_at(b, p, 2), what=f"partition {p} at pod-b")

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 
-from eopipe.core.assignment import Assignment
+from eopipe.core.assignment import Assignment, Handoff
 from tests.helpers.rebalance import running_at, wait_until, write_assignment
 
 pytestmark = pytest.mark.kafka
@@ -30,7 +30,7 @@ def test_state_endpoints_need_the_token(pipe):
     pipe.wait_drained()
     url = f"http://127.0.0.1:{a.port}"
     write_assignment(path, Assignment(2, {0: "pod-a", 1: "pod-b", 2: "pod-c"}, partition_count=3,
-                                      handoffs={p: {"from": "pod-a", "url": url} for p in (1, 2)}))
+                                      handoffs={p: Handoff("pod-a", url) for p in (1, 2)}))
     # The same token: the snapshot moves.
     part = wait_until(lambda: running_at(b, 1, 2), what="partition 1 at pod-b")
     assert part["migration"]["method"] == "snapshot" and part["migration"]["bytes"] > 0, part

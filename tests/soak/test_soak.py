@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from eopipe.core.assignment import Assignment
+from eopipe.core.assignment import Assignment, Handoff
 from eopipe.core.durations import parse_duration
 from eopipe.core.names import transactional_id
 from tests.helpers.rebalance import reshard, running_at, wait_until, write_assignment
@@ -74,7 +74,7 @@ class Soak:
 
     def move_to(self, parts: list[int], dst: str) -> None:
         """Moves `parts` to `dst` by snapshot handoff, then finalizes (the handoff entries go)."""
-        handoffs = {p: {"from": self.owners[p], "url": f"http://127.0.0.1:{self.workers[self.owners[p]].port}"}
+        handoffs = {p: Handoff(self.owners[p], f"http://127.0.0.1:{self.workers[self.owners[p]].port}")
                     for p in parts}
         for p in parts:
             self.owners[p] = dst

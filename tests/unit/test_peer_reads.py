@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eopipe.core.assignment import Assignment
+from eopipe.core.assignment import Assignment, Handoff, Reshard
 from eopipe.core.wire import H_KEYS, H_SHA, H_STOPPED, MigrationMethod, PodStatus, ReshardRequest, read_status
 from eopipe.dedup import incoming, migrate, transfer
 from eopipe.dedup.http import HttpServer
@@ -276,7 +276,7 @@ def _reshard_importing(tmp_path, body: bytes, keys):
     s = export_server(tmp_path, body, {H_SHA: hashlib.sha256(body).hexdigest(), H_KEYS: keys})
     try:
         a = Assignment(5, {0: "pod-a", 1: "pod-b", 2: "pod-b", 3: "pod-a"}, partition_count=4,
-                       reshard={"id": 1, "from": 2, "to": 4, "peers": {"pod-a": f"http://127.0.0.1:{s.port}"}})
+                       reshard=Reshard(1, 2, 4, {"pod-a": f"http://127.0.0.1:{s.port}"}))
         st, calls = states(tmp_path), []
         migrate.write_exports(st.root, 1, 1, iter(()), lambda k, n: 1, 4)
         imp = incoming.reshard(CFG, st, a, 2, FakeStore(), False, threading.Event(),
@@ -318,7 +318,7 @@ def test_a_good_reshard_import_is_applied(tmp_path):
 def test_a_malformed_snapshot_rebuilds(tmp_path, peer, answer):
     url, ans = peer
     ans[0] = answer
-    a = Assignment(3, {0: "pod-b"}, partition_count=1, handoffs={0: {"from": "pod-a", "url": url}})
+    a = Assignment(3, {0: "pod-b"}, partition_count=1, handoffs={0: Handoff("pod-a", url)})
     st, calls = states(tmp_path), []
     m = incoming.take_over(CFG, st, a, 0, threading.Event(), fetching=lambda: calls.append("fetching"))
     assert calls == ["fetching"]

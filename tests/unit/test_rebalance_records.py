@@ -78,12 +78,24 @@ def test_a_null_from_dropped_by_the_api_server_reads_back_the_same():
      "reshard": {"id": 5, "from": 1, "to": 2, "peers": {"a": "u"}},
      "reshards": [{"id": 5, "from": 1, "to": 2, "at": 1, "offsets": {"0": 10}}]},
 ])
-def test_the_assignment_and_its_typed_views(doc):
+def test_the_assignment_and_its_typed_records(doc):
     a = Assignment.from_json(doc)
     assert a.to_json() == doc
-    assert {str(p): h.to_dict() for p, h in a.handoff_records().items()} == doc.get("handoffs", {})
-    assert (a.reshard_record() and a.reshard_record().to_dict()) == doc.get("reshard")
-    assert [e.to_dict() for e in a.era_records()] == doc.get("reshards", [])
+    assert {str(p): h.to_dict() for p, h in a.handoffs.items()} == doc.get("handoffs", {})
+    assert (a.reshard and a.reshard.to_dict()) == doc.get("reshard")
+    assert [e.to_dict() for e in a.reshards] == doc.get("reshards", [])
+
+
+@pytest.mark.parametrize("bad", [
+    {"handoffs": {"x": {"from": "a", "url": "u"}}},
+    {"handoffs": {"1": {"from": "a"}}},
+    {"reshard": {"id": "5", "from": 1, "to": 2}},
+    {"reshard": {"id": 5, "from": 1, "to": 2, "peers": ["a"]}},
+    {"reshards": [{"id": 5, "from": 1, "to": 2, "offsets": {"0": "10"}}]},
+])
+def test_a_malformed_sub_document_makes_the_assignment_unreadable(bad):
+    with pytest.raises(ValueError):
+        Assignment.from_json({"generation": 5, "assignments": {"a": [0, 1]}, **bad})
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

@@ -12,7 +12,7 @@ import pytest
 
 from eopipe.control.rebalance import Facts, PodFacts, pods, step
 from eopipe.control.status import merge_patch, rebalance_patch
-from eopipe.core.assignment import Assignment, assign, era_count, grow
+from eopipe.core.assignment import Assignment, Handoff, Reshard, ReshardEra, assign, era_count, grow
 from eopipe.core.rebalancing import Rebalance
 from eopipe.core.wire import Migration, PodStatus
 
@@ -103,7 +103,7 @@ def test_scale_up_scales_first_then_hands_off_then_finalizes():
     assert _collapse(phases) == ["ScalingUp", "HandingOff", "Finalizing"]
     handoff = next(a for a in c.published if a.handoffs)
     assert c.replicas == 3 and len(handoff.handoffs) == 2
-    assert all(h["from"] == f"{PREFIX}-0" and h["url"] == "http://127.0.1.0:8080" for h in handoff.handoffs.values())
+    assert all(h == Handoff(f"{PREFIX}-0", "http://127.0.1.0:8080") for h in handoff.handoffs.values())
     # The StatefulSet had 3 pods before any partition was handed to them.
     assert last.partitions_moved == 2 and last.snapshot == 2 and last.bytes_moved == 2000
     assert c.assignment.handoffs == {} and sorted(c.assignment.owners) == [0, 1, 2, 3]
@@ -146,14 +146,14 @@ def test_partition_increase_pauses_creates_reshards_resumes():
             break
     assert _collapse(phases) == ["Pausing", "CreatingPartitions", "Resharding", "Finalizing"]
     reshard = next(a for a in c.published if a.reshard)
-    assert reshard.partition_count == 8 and reshard.reshard["from"] == 4 and reshard.reshard["to"] == 8
-    assert set(reshard.reshard["peers"]) == {f"{PREFIX}-0", f"{PREFIX}-1"}
+    assert reshard.partition_count == 8 and reshard.reshard.source == 4 and reshard.reshard.target == 8
+    assert set(reshard.reshard.peers) == {f"{PREFIX}-0", f"{PREFIX}-1"}
     # Old partitions keep their owners (their state stays), the new ones are balanced.
     before = c.published[0].owners
     assert all(reshard.owners[p] == before[p] for p in range(4))
     assert sorted(len(reshard.partitions_of(f"{PREFIX}-{i}")) for i in range(2)) == [4, 4]
     hist = c.assignment.reshards[-1]
-    assert hist["offsets"] == {str(p): 100 + p for p in range(4)} and hist["from"] == 4
+    assert hist.offsets == {p: 100 + p for p in range(4)} and hist.source == 4
     assert c.assignment.reshard is None and c.assignment.partition_count == 8
 
 
@@ -168,7 +168,7 @@ def test_operator_crashes_anywhere_never_restart_or_skip(seed):
     assert _collapse(phases) == ["Pausing", "CreatingPartitions", "Resharding", "Finalizing"]
     # Generations only grow, and exactly one re-shard was published.
     gens = [a.generation for a in c2.published]
-    assert gens == sorted(gens) and len({a.reshard["id"] for a in c2.published if a.reshard}) == 1
+    assert gens == sorted(gens) and len({a.reshard.id for a in c2.published if a.reshard}) == 1
 
 
 def test_pausing_waits_for_every_pod():
@@ -224,15 +224,13 @@ def test_assignment_json_is_backward_compatible_and_round_trips():
     a = Assignment.from_json(old)
     assert a.to_json() == old and a.partition_count is None and not a.paused
     full = Assignment(5, {0: "a", 1: "b"}, partition_count=2, paused=True,
-                      handoffs={1: {"from": "a", "url": "http://x:8080"}},
-                      reshard={"id": 5, "from": 1, "to": 2, "peers": {"a": "u"}},
-                      reshards=({"id": 5, "from": 1, "to": 2, "at": 1, "offsets": {"0": 10}},))
+                      handoffs={1: Handoff("a", "http://x:8080")}, reshard=Reshard(5, 1, 2, {"a": "u"}),
+                      reshards=(ReshardEra(5, 1, 2, {0: 10}, at=1),))
     assert Assignment.from_json(json.loads(json.dumps(full.to_json()))) == full
 
 
 def test_era_count_and_grow():
-    hist = ({"id": 3, "from": 4, "to": 8, "offsets": {"0": 10, "1": 0}},
-            {"id": 9, "from": 8, "to": 12, "offsets": {"0": 50, "5": 7}})
+    hist = (ReshardEra(3, 4, 8, {0: 10, 1: 0}), ReshardEra(9, 8, 12, {0: 50, 5: 7}))
     assert era_count(hist, 0, 9, 12) == 4 and era_count(hist, 0, 10, 12) == 8
     assert era_count(hist, 0, 50, 12) == 12 and era_count(hist, 1, 0, 12) == 12
     assert era_count(hist, 5, 6, 12) == 8 and era_count(hist, 9, 0, 12) == 12
@@ -339,8 +337,8 @@ def test_status_patch_replaces_the_recorded_rebalance_whole():
     assert merge_patch({"a": 1, "b": {"c": 1, "d": 2}}, {"b": {"c": 3}}) == {"b": {"c": 3, "d": None}, "a": None}
 
 
-@pytest.mark.parametrize("leftover", [{"reshard": {"id": 2, "from": 4, "to": 8, "peers": {}}},
-                                      {"paused": True}, {"handoffs": {1: {"from": "x", "url": "http://x"}}}])
+@pytest.mark.parametrize("leftover", [{"reshard": Reshard(2, 4, 8)},
+                                      {"paused": True}, {"handoffs": {1: Handoff("x", "http://x")}}])
 def test_a_leftover_with_nothing_to_move_is_cleaned_without_a_rebalance(leftover):
     """No partition moves, no replica or partition change: not a rebalance (no RebalanceStarted,
     lastRebalance kept), only the assignment published again without the leftover."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from eopipe.core.assignment import ReshardEra
 from eopipe.dedup.recovery import (
     NONE,
     REBUILD,
@@ -102,7 +103,6 @@ def test_a_rebuild_reads_the_window_and_one_segment_more():
 
 
 def test_a_rebuild_scans_other_partitions_up_to_their_highest_boundary():
-    history = ({"id": 3, "from": 2, "to": 4, "offsets": {"0": 50, "1": 70}},
-               {"id": 7, "from": 4, "to": 8, "offsets": {"0": 90, "1": 100, "2": 10, "3": 20}})
+    history = (ReshardEra(3, 2, 4, {0: 50, 1: 70}), ReshardEra(7, 4, 8, {0: 90, 1: 100, 2: 10, 3: 20}))
     assert reshard_bounds(history, 1) == {0: 90, 2: 10, 3: 20}
     assert reshard_bounds((), 1) == {}

@@ -154,8 +154,7 @@ def _idle(f: Facts) -> Plan:
 
 def _prune(a: Assignment, f: Facts) -> Assignment:
     """Re-shard history is needed for rebuilds only while it lies within the dedup window."""
-    keep = tuple(doc for doc, era in zip(a.reshards, a.era_records())
-                 if f.now_ms - _or(era.at, 0) <= 2 * f.window_ms + 600_000)
+    keep = tuple(era for era in a.reshards if f.now_ms - _or(era.at, 0) <= 2 * f.window_ms + 600_000)
     if keep == a.reshards:
         return a
     return a.with_(generation=a.generation + 1, reshards=keep)
@@ -180,7 +179,7 @@ def _plan_handoff(f: Facts, rb: Rebalance) -> Plan:
     for p, (src, _dst) in mv.items():
         pf = f.pods.get(src) if src else None
         if pf is not None and pf.url:
-            handoffs[p] = Handoff(src, pf.url).to_dict()
+            handoffs[p] = Handoff(src, pf.url)
     new = Assignment(a.generation + 1, target, partition_count=n, handoffs=handoffs, reshards=a.reshards)
     rb = replace(rb, phase=HANDING_OFF, target_generation=new.generation, target=new,
                  moves={p: Move(to=dst, source=src) for p, (src, dst) in mv.items()},
@@ -298,8 +297,8 @@ def _creating(f: Facts, rb: Rebalance) -> Plan:
     peers = {n: f.pods[n].url for n in sorted(set(owners.values())) if n in f.pods and f.pods[n].url}
     era = ReshardEra(rb.id, rb.from_partitions, rb.to_partitions, offsets=dict(rb.offsets), at=f.now_ms)
     new = Assignment(paused.generation + 1, owners, partition_count=rb.to_partitions,
-                     reshard=Reshard(rb.id, rb.from_partitions, rb.to_partitions, peers).to_dict(),
-                     reshards=tuple(paused.reshards) + (era.to_dict(),))
+                     reshard=Reshard(rb.id, rb.from_partitions, rb.to_partitions, peers),
+                     reshards=paused.reshards + (era,))
     rb = replace(rb, phase=RESHARDING, target_generation=new.generation, target=new,
                  moves={p: Move(to=o) for p, o in sorted(owners.items())})
     return Plan(rb, new, R, rb.to_partitions,

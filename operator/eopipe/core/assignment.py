@@ -18,9 +18,8 @@ The published document (one format, `Assignment.to_json` / `from_json`):
 partition but were deduplicated in another one before the re-shard.
 
 The sub-documents are typed (`Handoff`, `Reshard`, `ReshardEra`: strict `parse`, `to_dict`
-its exact inverse). `Assignment` keeps them in their published (dict) form, which the dedup
-worker reads today; `Assignment.handoff_records()` / `reshard_record()` / `era_records()`
-give the typed views.
+its exact inverse); `Assignment.from_json` parses them, so a malformed one makes the whole
+document unreadable (ValueError) rather than a surprise deep in a worker.
 """
 
 from __future__ import annotations
@@ -54,13 +53,18 @@ def json_object(doc, what: str) -> dict:
     return doc
 
 
-def json_partition_map(doc, what: str) -> dict[int, int]:
-    """{"<p>": n} -> {p: n}, strictly."""
+def partition_keys(doc, what: str) -> dict:
+    """{"<p>": v} -> {p: v}, strictly."""
     doc = json_object(doc, what)
     try:
-        out = {int(k): v for k, v in doc.items()}
+        return {int(k): v for k, v in doc.items()}
     except ValueError:
         raise ValueError(f"{what}: partition keys must be numbers, got {doc!r}") from None
+
+
+def json_partition_map(doc, what: str) -> dict[int, int]:
+    """{"<p>": n} -> {p: n}, strictly."""
+    out = partition_keys(doc, what)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in out.values()):
         raise ValueError(f"{what}: expected integer values, got {doc!r}")
     return out
@@ -134,21 +138,12 @@ class Assignment:
     owners: dict[int, str] = field(default_factory=dict)  # partition -> pod
     partition_count: int | None = None
     paused: bool = False
-    handoffs: dict[int, dict] = field(default_factory=dict)  # partition -> Handoff.to_dict()
-    reshard: dict | None = None                               # Reshard.to_dict()
-    reshards: tuple = ()                                      # ReshardEra.to_dict(), oldest first
+    handoffs: dict[int, Handoff] = field(default_factory=dict)  # partition -> its previous owner
+    reshard: Reshard | None = None                                # the running re-shard
+    reshards: tuple[ReshardEra, ...] = ()                         # past re-shards, oldest first
 
     def partitions_of(self, pod: str) -> list[int]:
         return sorted(p for p, owner in self.owners.items() if owner == pod)
-
-    def handoff_records(self) -> dict[int, Handoff]:
-        return {p: Handoff.parse(h) for p, h in self.handoffs.items()}
-
-    def reshard_record(self) -> Reshard | None:
-        return Reshard.parse(self.reshard) if self.reshard else None
-
-    def era_records(self) -> tuple[ReshardEra, ...]:
-        return tuple(ReshardEra.parse(r) for r in self.reshards)
 
     def to_json(self) -> dict:
         pods: dict[str, list[int]] = {}
@@ -160,11 +155,11 @@ class Assignment:
         if self.paused:
             doc["paused"] = True
         if self.handoffs:
-            doc["handoffs"] = {str(p): dict(h) for p, h in sorted(self.handoffs.items())}
+            doc["handoffs"] = {str(p): h.to_dict() for p, h in sorted(self.handoffs.items())}
         if self.reshard:
-            doc["reshard"] = dict(self.reshard)
+            doc["reshard"] = self.reshard.to_dict()
         if self.reshards:
-            doc["reshards"] = [dict(r) for r in self.reshards]
+            doc["reshards"] = [r.to_dict() for r in self.reshards]
         return doc
 
     @classmethod
@@ -174,22 +169,20 @@ class Assignment:
         return cls(int(doc.get("generation", 0)), owners,
                    partition_count=int(pc) if pc is not None else None,
                    paused=bool(doc.get("paused", False)),
-                   handoffs={int(p): dict(h) for p, h in (doc.get("handoffs") or {}).items()},
-                   reshard=dict(doc["reshard"]) if doc.get("reshard") else None,
-                   reshards=tuple(dict(r) for r in doc.get("reshards") or ()))
+                   handoffs={p: Handoff.parse(h) for p, h in partition_keys(doc.get("handoffs") or {}, "handoffs").items()},
+                   reshard=Reshard.parse(doc["reshard"]) if doc.get("reshard") else None,
+                   reshards=tuple(ReshardEra.parse(r) for r in doc.get("reshards") or ()))
 
     def with_(self, **changes) -> "Assignment":
         return replace(self, **changes)
 
 
-def era_count(reshards, partition: int, offset: int, current: int) -> int:
+def era_count(reshards: tuple[ReshardEra, ...], partition: int, offset: int, current: int) -> int:
     """The partition count that `partition` used when it processed `offset` (see reshards)."""
-    # Called per record while a rebuild scans (dedup/replay.py): reads the published dicts as
-    # they are rather than parsing a ReshardEra per call.
-    for r in sorted(reshards, key=lambda r: r["id"]):
-        bound = (r.get("offsets") or {}).get(str(partition))
-        if bound is not None and offset < int(bound):
-            return int(r["from"])
+    for r in sorted(reshards, key=lambda r: r.id):
+        bound = r.offsets.get(partition)
+        if bound is not None and offset < bound:
+            return r.source
     return current
 
 

@@ -40,19 +40,19 @@ def take_over(cfg: WorkerConfig, states: StateStore, a: Assignment, p: int, halt
     missing, so recovery rebuilds it. Runs before the store is opened and before
     init_transactions; `fetching` is called when a download starts."""
     ho = a.handoffs.get(p)
-    if not ho or ho.get("from") in (None, cfg.me):
+    if not ho or ho.source == cfg.me:
         return None
     rec = migrate.read_migration_record(states.root, p)
     if states.exists(p):
         if rec and rec.get("generation") == a.generation:
             return Migration.from_json({**rec, "restarted": True})
-        return Migration(method=MigrationMethod.LOCAL, generation=a.generation, from_=ho.get("from"))
+        return Migration(method=MigrationMethod.LOCAL, generation=a.generation, from_=ho.source)
     fetching()
     t0 = time.monotonic()
-    url = ho["url"].rstrip("/") + SnapshotRequest(p, a.generation).path
+    url = ho.url.rstrip("/") + SnapshotRequest(p, a.generation).path
     tmp = states.root / "snapshots" / f"incoming-{p}.tar"
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    m = Migration(generation=a.generation, from_=ho.get("from"))
+    m = Migration(generation=a.generation, from_=ho.source)
     said: set[str] = set()
 
     def retrying(e: TransferError) -> None:  # once per kind: a 503 is asked again every 50 ms
@@ -71,14 +71,14 @@ def take_over(cfg: WorkerConfig, states: StateStore, a: Assignment, p: int, halt
             transfer_ms=facts["ms"] + int((time.monotonic() - t1) * 1000),
             stopped_at_ms=facts.get(H_STOPPED)))
         event(log, INFO, "snapshot installed", partition=p, bytes=facts["bytes"],
-              source=ho.get("from"), fetch_ms=m.fetch_ms, transfer_ms=m.transfer_ms)
+              source=ho.source, fetch_ms=m.fetch_ms, transfer_ms=m.transfer_ms)
     except (TransferError, OSError, tarfile.TarError) as e:
         if halt.is_set():
             raise Stopping() from None
         states.drop(p)
         m = m.model_copy(update=dict(method=MigrationMethod.REBUILD, bytes=0, reason=str(e)[:300]))
         event(log, WARNING, "snapshot transfer failed: rebuilding from the source topic",
-              partition=p, source=ho.get("from"), error=str(e))
+              partition=p, source=ho.source, error=str(e))
     finally:
         tmp.unlink(missing_ok=True)
     return m
@@ -106,7 +106,7 @@ def reshard(cfg: WorkerConfig, states: StateStore, a: Assignment, p: int, store:
     rs = a.reshard
     if not rs:
         return None
-    rid, frm, to = int(rs["id"]), int(rs["from"]), int(rs["to"])
+    rid, frm, to = rs.id, rs.source, rs.target
     root = states.root
     if p < frm and migrate.read_export_manifest(root, rid, p) is None:
         # Rebuilt: say the export is missing, and the importers rebuild instead of trusting it.
@@ -121,7 +121,7 @@ def reshard(cfg: WorkerConfig, states: StateStore, a: Assignment, p: int, store:
     t0 = time.monotonic()
     importing()
     try:
-        entries, nbytes = _gather(cfg, root, a, p, rid, frm, rs.get("peers") or {}, halt)
+        entries, nbytes = _gather(cfg, root, a, p, rid, frm, rs.peers, halt)
     except TransferError as e:
         if halt.is_set():
             raise Stopping() from None

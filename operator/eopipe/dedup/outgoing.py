@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from logging import ERROR, INFO
 
-from eopipe.core.assignment import Assignment
+from eopipe.core.assignment import Assignment, Handoff
 from eopipe.core.wire import H_APPLIED, H_KEYS, H_SHA, H_STOPPED, ReshardRequest, SnapshotRequest
 from eopipe.dedup import migrate
 from eopipe.dedup.logs import event
@@ -30,7 +30,7 @@ class Ownership:
     generation: int | None = None
     owned: tuple[int, ...] = ()
     busy: frozenset[int] = frozenset()
-    handoffs: dict = field(default_factory=dict)
+    handoffs: dict[int, Handoff] = field(default_factory=dict)
 
 
 class Outgoing:
@@ -50,7 +50,7 @@ class Outgoing:
             if p in owned or p in busy:
                 continue
             ho = a.handoffs.get(p)
-            if ho and ho.get("from") == self.me and migrate.read_snapshot_manifest(root, p) is None:
+            if ho and ho.source == self.me and migrate.read_snapshot_manifest(root, p) is None:
                 t0 = time.monotonic()
                 try:
                     man = migrate.make_snapshot(self.store, p, generation=a.generation,
@@ -65,14 +65,14 @@ class Outgoing:
         # Serve what is on disk for the handoffs from this pod; forget the rest.
         for p in range(max([0, *a.handoffs, *self.released]) + 1):
             ho = a.handoffs.get(p)
-            if ho and ho.get("from") == self.me and p not in owned:
+            if ho and ho.source == self.me and p not in owned:
                 man = migrate.read_snapshot_manifest(root, p)
                 if man is not None:
                     self.released[p] = man
             elif p in self.released or migrate.read_snapshot_manifest(root, p) is not None:
                 self.released.pop(p, None)
                 migrate.remove_snapshot(root, p)
-        migrate.cleanup_reshards(root, {int(a.reshard["id"])} if a.reshard else set())
+        migrate.cleanup_reshards(root, {a.reshard.id} if a.reshard else set())
 
     def serve(self, own: Ownership, req: SnapshotRequest | ReshardRequest):
         """A state-transfer GET, routed and authorized by dedup/http.py: (code, headers, body:
@@ -93,7 +93,7 @@ class Outgoing:
         if (own.generation or 0) < req.generation or p in own.owned or p in own.busy:
             return 503, {"Retry-After": "1"}, b"not released yet\n"
         ho = own.handoffs.get(p)
-        if ho and ho.get("from") == self.me and self.store.exists(p):
+        if ho and ho.source == self.me and self.store.exists(p):
             return 503, {"Retry-After": "1"}, b"snapshot being prepared\n"
         return 404, {}, b"no state for this partition here\n"
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from eopipe.core.assignment import ReshardEra
 from eopipe.core.wire import RecoveryAction
 
 NONE, RESET, REBUILD, REPLAY = RecoveryAction.NONE, RecoveryAction.RESET, RecoveryAction.REBUILD, RecoveryAction.REPLAY
@@ -121,12 +122,12 @@ def window_start_ms(now_ms: int, window_ms: int, segment_ms: int) -> int:
     return now_ms - window_ms - segment_ms
 
 
-def reshard_bounds(reshards, partition: int) -> dict[int, int]:
+def reshard_bounds(reshards: tuple[ReshardEra, ...], partition: int) -> dict[int, int]:
     """The other partitions a rebuild of `partition` must scan, each up to its highest re-shard
     boundary: keys that now belong to `partition` were deduplicated there before a re-shard."""
     bounds: dict[int, int] = {}
     for r in reshards:
-        for q, o in (r.get("offsets") or {}).items():
-            if int(q) != partition:
-                bounds[int(q)] = max(bounds.get(int(q), 0), int(o))
+        for q, o in r.offsets.items():
+            if q != partition:
+                bounds[q] = max(bounds.get(q, 0), o)
     return bounds

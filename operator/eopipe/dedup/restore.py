@@ -82,7 +82,7 @@ def restore(ctx: PartitionContext, p: int, source: SourceReader, t0: float) -> R
     plan = recovery.plan(recovery.Facts(
         partition=p, committed=committed, log_start=lo, applied=applied,
         store_count=store.partition_count, store_reshard=store.reshard_id, home_count=count,
-        reshard=recovery.Reshard(int(rs["id"]), int(rs["from"]), int(rs["to"])) if rs else None,
+        reshard=recovery.Reshard(rs.id, rs.source, rs.target) if rs else None,
         now_ms=int(time.time() * 1000), window_ms=cfg.window_ms, segment_ms=cfg.segment_ms,
         store_covered_since=store.covered_since_ms, store_watermark=store.watermark_ms,
         store_window=store.kept_window_ms))

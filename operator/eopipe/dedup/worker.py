@@ -196,7 +196,7 @@ class Worker:
         if a != self.assignment:
             event(log, INFO, "assignment", generation=a.generation, partitions=list(owned),
                   previous=list(self.owned), paused=a.paused, partition_count=a.partition_count,
-                  handoffs=sorted(a.handoffs), reshard=a.reshard)
+                  handoffs=sorted(a.handoffs), reshard=a.reshard.to_dict() if a.reshard else None)
             self.assignment, self.generation, self.owned = a, a.generation, owned
             self.metrics.generation.set(a.generation)
             self.metrics.owned.set(len(owned))
