@@ -17,7 +17,8 @@ SHA = "ab" * 32
 
 
 def manifest(**kw) -> Manifest:
-    base = dict(partition=1, source_topic="src", created_ms=NOW - 60_000, applied_offset=800, partition_count=4,
+    base = dict(partition=1, source_topic="src", group="ns.pipe", created_ms=NOW - 60_000, applied_offset=800,
+                partition_count=4,
                 watermark_ms=NOW - 60_000, covered_since_ms=NOW - WINDOW, window_ms=WINDOW,
                 files=(FileRef("CURRENT", SHA, 16), FileRef("000009.sst", "cd" * 32, 4096)))
     return Manifest(**{**base, **kw})
@@ -25,7 +26,8 @@ def manifest(**kw) -> Manifest:
 
 def facts(**kw) -> Facts:
     """Partition 1 of 4, its store gone, committed at 1000, a snapshot at 800."""
-    base = dict(store_present=False, committed=1000, log_start=0, source_topic="src", home_count=4, reshard=False,
+    base = dict(store_present=False, committed=1000, log_start=0, source_topic="src", group="ns.pipe", home_count=4,
+                reshard=False,
                 now_ms=NOW, window_ms=WINDOW, segment_ms=SEGMENT, snapshot=manifest())
     return Facts(**{**base, **kw})
 
@@ -49,6 +51,8 @@ DECISIONS = [
                  id="snapshot not marked complete for any count: rebuild"),
     pytest.param(dict(reshard=True), Choice.REBUILD, "not 4", id="a re-shard in progress: rebuild"),
     pytest.param(dict(source_topic="other"), Choice.REBUILD, "topic 'src'", id="snapshot of another topic"),
+    pytest.param(dict(group="ns.other"), Choice.REBUILD, "group 'ns.pipe'",
+                 id="another pipeline's snapshot under the same URI: never used"),
     pytest.param(dict(snapshot=manifest(watermark_ms=NOW - WINDOW - SEGMENT - 1)), Choice.REBUILD,
                  "older than the window", id="every key of the snapshot expired: rebuild reads less"),
     pytest.param(dict(snapshot=manifest(watermark_ms=None)), Choice.RESTORE, "replay",
@@ -91,6 +95,7 @@ BAD = [
     pytest.param(doc(applied_offset=True), "applied_offset", id="offset as a bool"),
     pytest.param(doc(partition_count=0), "partition_count", id="zero partitions"),
     pytest.param(doc(source_topic=""), "source_topic", id="empty topic"),
+    pytest.param(doc(group=7), "group", id="group not a string"),
     pytest.param(doc(files=[]), "files", id="no files"),
     pytest.param(doc(files=[_file(name="CURRENT")] * 2), "repeat", id="a name twice"),
     pytest.param(doc(files=[_file()]), "CURRENT", id="no CURRENT"),

@@ -258,7 +258,8 @@ class Snapshotter(threading.Thread):
                     sent += ref.size
                 known.add(key)
                 refs.append(ref)
-            m = Manifest(partition=p, source_topic=self.cfg.source_topic, created_ms=int(time.time() * 1000),
+            m = Manifest(partition=p, source_topic=self.cfg.source_topic, group=self.cfg.group_id,
+                         created_ms=int(time.time() * 1000),
                          files=tuple(refs), **meta)
             b.put_bytes(b.loc.manifest_key(p, m.created_ms), m.to_json())  # last: the snapshot is complete
             self.last[p] = m.applied_offset

@@ -74,7 +74,7 @@ def restore(ctx: PartitionContext, p: int, source: SourceReader, t0: float) -> R
         # The volume was lost: the newest snapshot, if usable, is the store the plan replays
         # forward from its offset (docs/design.md#snapshots); else the plan rebuilds.
         backup.restore_latest(cfg, ctx.store, ctx.metrics, snapshot.Facts(
-            store_present=False, committed=committed, log_start=lo, source_topic=cfg.source_topic,
+            store_present=False, committed=committed, log_start=lo, source_topic=cfg.source_topic, group=cfg.group_id,
             home_count=count, reshard=rs is not None, now_ms=int(time.time() * 1000), window_ms=cfg.window_ms,
             segment_ms=cfg.segment_ms, snapshot=None), p)
     store = ctx.store.open(p)

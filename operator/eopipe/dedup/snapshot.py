@@ -71,6 +71,7 @@ class FileRef:
 class Manifest:
     partition: int
     source_topic: str
+    group: str                      # the consumer group whose committed offsets it corresponds to
     created_ms: int
     applied_offset: int             # the store's keys are exactly those of the records below this
     partition_count: int | None     # the partition count the keys are complete for
@@ -107,7 +108,7 @@ def parse_manifest(data: bytes, partition: int) -> Manifest:
         d = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadManifest(f"not JSON: {e}") from None
-    keys = {"version", "partition", "source_topic", "created_ms", "applied_offset", "partition_count",
+    keys = {"version", "partition", "source_topic", "group", "created_ms", "applied_offset", "partition_count",
             "watermark_ms", "covered_since_ms", "window_ms", "files"}
     if not isinstance(d, dict) or set(d) != keys:
         raise BadManifest(f"expected the keys {sorted(keys)}")
@@ -117,6 +118,8 @@ def parse_manifest(data: bytes, partition: int) -> Manifest:
         raise BadManifest(f"manifest of partition {d['partition']}, not {partition}")
     if not isinstance(d["source_topic"], str) or not 0 < len(d["source_topic"]) <= 249:
         raise BadManifest("source_topic: expected a topic name")
+    if not isinstance(d["group"], str) or not 0 < len(d["group"]) <= 255:
+        raise BadManifest("group: expected a consumer group name")
     files = d["files"]
     if not isinstance(files, list) or not 0 < len(files) <= MAX_FILES:
         raise BadManifest(f"files: expected a list of 1 to {MAX_FILES}")
@@ -131,7 +134,8 @@ def parse_manifest(data: bytes, partition: int) -> Manifest:
         refs.append(FileRef(f["name"], f["sha256"], _int(f, "size", hi=MAX_FILE_BYTES)))
     if len({r.name for r in refs}) != len(refs) or "CURRENT" not in {r.name for r in refs}:
         raise BadManifest("files: names repeat, or no CURRENT")
-    return Manifest(partition=partition, source_topic=d["source_topic"], created_ms=_int(d, "created_ms"),
+    return Manifest(partition=partition, source_topic=d["source_topic"], group=d["group"],
+                    created_ms=_int(d, "created_ms"),
                     applied_offset=_int(d, "applied_offset"),
                     partition_count=_int(d, "partition_count", optional=True, lo=1),
                     watermark_ms=_int(d, "watermark_ms", optional=True),
@@ -158,6 +162,7 @@ class Facts:
     committed: int          # the group's committed offset for p (< 0: none)
     log_start: int          # p's first offset still in the log
     source_topic: str
+    group: str              # the pipeline's consumer group
     home_count: int         # the partition count of the home check now
     reshard: bool           # a re-shard in progress
     now_ms: int
@@ -183,14 +188,18 @@ def choose(f: Facts) -> Decision:
         return Decision(Choice.KEEP, "nothing committed yet: the store starts empty")
     if s is None:
         return Decision(Choice.REBUILD, "no snapshot")
-    if s.source_topic != f.source_topic:
-        return Decision(Choice.REBUILD, f"the snapshot is of topic {s.source_topic!r}")
+    if (s.source_topic, s.group) != (f.source_topic, f.group):
+        # Another pipeline's keys (another key, window, topic) or offsets: never this one's state.
+        return Decision(Choice.REBUILD, f"the snapshot is of topic {s.source_topic!r}, group {s.group!r}")
     if s.applied_offset > f.committed:
-        return Decision(Choice.REBUILD, f"the snapshot is ahead of the committed offset ({s.applied_offset} > {f.committed})")
+        return Decision(Choice.REBUILD,
+                        f"the snapshot is ahead of the committed offset ({s.applied_offset} > {f.committed})")
     if s.applied_offset < f.log_start:
-        return Decision(Choice.REBUILD, f"retention deleted records after the snapshot (its offset {s.applied_offset} < log start {f.log_start})")
+        return Decision(Choice.REBUILD, "retention deleted records after the snapshot "
+                                        f"(its offset {s.applied_offset} < log start {f.log_start})")
     if f.reshard or s.partition_count != f.home_count:
-        return Decision(Choice.REBUILD, f"the snapshot's keys are complete for {s.partition_count} partitions, not {f.home_count}")
+        return Decision(Choice.REBUILD,
+                        f"the snapshot's keys are complete for {s.partition_count} partitions, not {f.home_count}")
     start = f.now_ms - f.window_ms - f.segment_ms
     if s.watermark_ms is not None and s.watermark_ms < start:
         return Decision(Choice.REBUILD, "the snapshot is older than the window")
