@@ -96,13 +96,20 @@ def test_a_pipeline_written_before_the_policy_can_still_be_deleted(crds, kube_ap
 def test_an_admin_can_allow_more(crds, kube_api, k8s_namespace, tools, helm_env):
     out = _install(crds, k8s_namespace, tools, helm_env, "--set", "tenantPolicy.spark.serviceAccounts={spark-s3}",
                    "--set", "tenantPolicy.scheduling.priorityClasses={data}",
-                   "--set", "tenantPolicy.kafka.bootstrapServers={*.kafka.svc:9092}")
+                   "--set", "tenantPolicy.kafka.bootstrapServers={*.kafka.svc:9092}",
+                   "--set", "tenantPolicy.objectStore.endpoints={http://*.storage.svc:8333}")
     try:
         good = changed(example("payments.yaml"), **{"spec.processing.serviceAccount": "spark-s3",
-                                                    "spec.dedup.podTemplate": {"priorityClassName": "data"}})
+                                                    "spec.dedup.podTemplate": {"priorityClassName": "data"},
+                                                    "spec.dedup.backup": {"uri": "s3://state",
+                                                                          "endpoint": "http://s3.storage.svc:8333"}})
         far = changed(good, **{"metadata.name": "far", "spec.kafka.bootstrapServers": "kafka.evil.example:9092"})
         res = kubectl_apply(crds, k8s_namespace, far, check=False)
         assert "spec.kafka.bootstrapServers: kafka.evil.example:9092" in res.stderr, res.stderr
+        store = changed(good, **{"metadata.name": "store",
+                                 "spec.dedup.backup": {"uri": "s3://state", "endpoint": "http://169.254.169.254"}})
+        res = kubectl_apply(crds, k8s_namespace, store, check=False)
+        assert "spec.dedup.backup.endpoint: http://169.254.169.254 is not allowed" in res.stderr, res.stderr
         res = kubectl_apply(crds, k8s_namespace, good, check=False)
         assert res.returncode == 0, res.stderr
     finally:

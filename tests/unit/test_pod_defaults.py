@@ -151,6 +151,38 @@ def test_the_worker_gets_the_budget_of_its_container(resources, budget_mb):
     assert dedup.worker_args(n).count("--memory-mb") == 1
 
 
+@pytest.mark.parametrize("backup, args, env", [
+    (None, None, []),
+    ({"uri": "s3://state/payments"}, ["--backup-uri", "s3://state/payments", "--backup-interval", "300s",
+                                      "--backup-retention", "3"], []),
+    ({"uri": "s3://state", "endpoint": "http://seaweedfs.storage.svc:8333", "interval": "1m", "retention": 5,
+      "credentials": {"accessKeyId": {"name": "s3", "key": "id"}, "secretAccessKey": {"name": "s3", "key": "secret"}}},
+     ["--backup-uri", "s3://state", "--backup-endpoint", "http://seaweedfs.storage.svc:8333",
+      "--backup-interval", "60s", "--backup-retention", "5"],
+     [{"name": "AWS_ACCESS_KEY_ID", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "id"}}},
+      {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "s3", "key": "secret"}}}]),
+])
+def test_backups_reach_the_worker_as_it_parses_them(backup, args, env):
+    """spec.dedup.backup becomes the worker's --backup-* options (parsed by the worker itself) and
+    its credentials env from the pipeline's Secret, never a literal value."""
+    from eopipe.dedup import cli
+
+    n = _names(**({"dedup.backup": backup} if backup else {}))
+    c = _pod(n)["spec"]["containers"][0]
+    assert [a for a in c["args"] if a.startswith("--backup")] == [a for a in args or [] if a.startswith("--backup")]
+    if args:
+        i = c["args"].index("--backup-uri")
+        assert c["args"][i:i + len(args)] == args
+    assert [e for e in c["env"] if e["name"].startswith("AWS_")] == env
+    sub = argparse.ArgumentParser().add_subparsers()
+    cli.add_parser(sub)
+    cfg = cli.config_from_args(sub.choices["dedup"].parse_args(c["args"][1:] + ["--pod-name", "payments-dedup-0"]))
+    assert cfg.backup_uri == (backup or {}).get("uri")
+    if backup:
+        assert (cfg.backup_interval_seconds, cfg.backup_retention) == (int(args[args.index("--backup-interval") + 1][:-1]),
+                                                                       backup.get("retention", 3))
+
+
 # ---------------------------------------------------------------------------------------
 # spreading, image pull secrets, the pod template
 # ---------------------------------------------------------------------------------------

@@ -97,6 +97,12 @@ def refused(s: PipelineSpec, p: dict | None = None, registries=()) -> list[str]:
     (spec(kafka={"bootstrapServers": "kafka.kafka.svc:9092,evil.example:9092"}),
      {"kafka": {"bootstrapServers": ["*.kafka.svc:9092"]}}, ["spec.kafka.bootstrapServers: evil.example:9092"]),
     (spec(), {"kafka": {"bootstrapServers": ["*.kafka.svc:9092"]}}, []),
+    (spec(dedup={"backup": {"uri": "s3://bkt/p", "endpoint": "http://169.254.169.254"}}),
+     {"objectStore": {"endpoints": ["http://*.storage.svc:8333"]}},
+     ["spec.dedup.backup.endpoint: http://169.254.169.254 is not allowed"]),
+    (spec(dedup={"backup": {"uri": "s3://bkt/p", "endpoint": "http://s3.storage.svc:8333"}}),
+     {"objectStore": {"endpoints": ["http://*.storage.svc:8333"]}}, []),
+    (spec(dedup={"backup": {"uri": "s3://bkt/p", "endpoint": "http://anywhere:8333"}}), None, []),
     (spec(dedup={"image": "ghcr.io/evil/x:1"}), None, []),  # no registry allow-list: any image
 ])
 def test_refusals_name_the_field(s, p, want):
@@ -137,13 +143,16 @@ def test_a_secret_reaches_a_pipeline_only_if_opened_to_it(annotations, pipeline,
 
 
 def test_every_secret_a_spec_names_is_found():
-    s = spec(dedup={"podTemplate": {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s1", "key": "k"}}}]}},
+    s = spec(dedup={"podTemplate": {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s1", "key": "k"}}}]},
+                    "backup": {"uri": "s3://bkt", "credentials": {"accessKeyId": {"name": "s6", "key": "i"},
+                                                                "secretAccessKey": {"name": "s7", "key": "k"}}}},
              processing={"env": [{"name": "B", "valueFrom": {"secretKeyRef": {"name": "s2", "key": "k"}}}],
                          "envFrom": [{"secretRef": {"name": "s3"}, "prefix": "X_"}, {"configMapRef": {"name": "c"}}]},
              kafka={"bootstrapServers": "k:9092", "tls": {"ca": {"name": "s4", "key": "ca"}}},
              imagePullSecrets=[{"name": "s5"}])
     assert policy.secret_refs(s) == [
-        ("kafka.tls.ca", "s4"), ("dedup.podTemplate.env[0].valueFrom.secretKeyRef", "s1"),
+        ("kafka.tls.ca", "s4"), ("dedup.backup.credentials.accessKeyId", "s6"),
+        ("dedup.backup.credentials.secretAccessKey", "s7"), ("dedup.podTemplate.env[0].valueFrom.secretKeyRef", "s1"),
         ("processing.env[0].valueFrom.secretKeyRef", "s2"), ("processing.envFrom[0].secretRef", "s3"),
         ("imagePullSecrets[0]", "s5")]
 

@@ -83,6 +83,11 @@ class KafkaPolicy(_Section):
     bootstrap_servers: tuple[str, ...] = Field((), description="host:port globs; empty: any")
 
 
+class ObjectStorePolicy(_Section):
+    endpoints: tuple[str, ...] = Field((), description="endpoint URL globs spec.dedup.backup.endpoint may name; "
+                                                       "empty: any")
+
+
 class SchedulingPolicy(_Section):
     toleration_keys: tuple[str, ...] = ("*",)
     denied_toleration_keys: tuple[str, ...] = ()
@@ -94,6 +99,7 @@ class TenantPolicy(_Section):
     spark: SparkPolicy = SparkPolicy()
     env: EnvPolicy = EnvPolicy()
     kafka: KafkaPolicy = KafkaPolicy()
+    object_store: ObjectStorePolicy = ObjectStorePolicy()
     scheduling: SchedulingPolicy = SchedulingPolicy()
     max_storage: str = MAX_STORAGE
 
@@ -204,6 +210,10 @@ def refusals(spec, policy: TenantPolicy, allowed_registries: tuple[str, ...] = (
     out = [why.removeprefix("spec.") for why in access.refused_images(spec, allowed_registries)]
     out += bootstrap_refusals(spec.kafka.bootstrap_servers, policy)
     dedup = spec.dedup
+    endpoint = dedup.backup.endpoint if dedup.backup is not None else None
+    if endpoint and policy.object_store.endpoints and not matches(endpoint, policy.object_store.endpoints):
+        out.append(f"dedup.backup.endpoint: {endpoint} is not allowed by the tenant policy "
+                   "(tenantPolicy.objectStore.endpoints)")
     out += _storage("dedup.storage.size", dedup.storage.size, policy)
     tpl = dedup.pod_template
     out += _envs("dedup.podTemplate", tpl.env, (), policy)
@@ -238,6 +248,10 @@ def secret_refs(spec) -> list[tuple[str, str]]:
         return [(f"{field}.env[{i}].valueFrom.secretKeyRef", str(ref.get("name", "")))
                 for i, e in enumerate(env) if (ref := (e.value_from or {}).get("secretKeyRef")) is not None]
 
+    creds = spec.dedup.backup.credentials if spec.dedup.backup is not None else None
+    if creds is not None:
+        out += [(f"dedup.backup.credentials.{f}", getattr(creds, attr).name)
+                for f, attr in (("accessKeyId", "access_key_id"), ("secretAccessKey", "secret_access_key"))]
     out += env_refs("dedup.podTemplate", spec.dedup.pod_template.env)
     if spec.processing is not None:
         out += env_refs("processing", spec.processing.env)

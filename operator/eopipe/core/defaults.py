@@ -8,3 +8,7 @@ from __future__ import annotations
 STATE_DIR = "/var/lib/eopipe"
 # The dedup window when the spec gives none (spec.dedup.window "24h").
 WINDOW_SECONDS = 24 * 3600
+# Dedup snapshots (spec.dedup.backup, dedup/backup.py): how often each partition is uploaded,
+# and how many snapshots per partition are kept.
+BACKUP_INTERVAL_SECONDS = 300
+BACKUP_RETENTION = 3

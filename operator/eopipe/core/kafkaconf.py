@@ -65,8 +65,7 @@ def pod_env(kafka: KafkaSpec) -> list[dict]:
     env = []
     for setting, value in settings(kafka):
         if isinstance(value, SecretKeyRef):
-            env.append({"name": env_name(setting),
-                        "valueFrom": {"secretKeyRef": {"name": value.name, "key": value.key}}})
+            env.append(value.env(env_name(setting)))
         else:
             env.append({"name": env_name(setting), "value": value})
     return env

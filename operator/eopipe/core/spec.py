@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from eopipe.core.backupspec import Backup
 from eopipe.core.defaults import WINDOW_SECONDS
 from eopipe.core.durations import format_duration, parse_duration
 from eopipe.core.keys import KeySpec
@@ -25,6 +26,7 @@ from eopipe.core.specbase import (  # noqa: F401
     KubeObject,
     Model,
     Quantity,
+    SecretKeyRef,
     SparkMemory,
     TopicName,
     section,
@@ -45,11 +47,6 @@ def deprecation_warning(version: str) -> str:
     """What the API server says (kubectl prints it) of each request in a deprecated version."""
     return f"{GROUP}/{version} {KIND} is deprecated; use {GROUP}/{VERSION}"
 
-
-
-class SecretKeyRef(Model):
-    name: str = Field(min_length=1, description="Secret name, in the pipeline's namespace")
-    key: str = Field(min_length=1)
 
 
 class Sasl(Model):
@@ -237,6 +234,9 @@ class DedupSpec(Model):
         None, ge=1, description="source records not yet committed above which, for lagThresholdWindow, the "
                                 "pipeline is Degraded (LagGrowing)")
     lag_threshold_window: Duration = Field("5m", description="how long the lag must stay above lagThreshold")
+    backup: Backup | None = Field(
+        None, description="snapshots of the dedup state in an object store; a partition whose volume is lost is "
+                          "restored from the newest one instead of rebuilt from the source over the window")
 
     @field_validator("window")
     @classmethod

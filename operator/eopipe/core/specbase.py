@@ -33,6 +33,15 @@ class Model(BaseModel):
                               frozen=True)
 
 
+class SecretKeyRef(Model):
+    name: str = Field(min_length=1, description="Secret name, in the pipeline's namespace")
+    key: str = Field(min_length=1)
+
+    def env(self, name: str) -> dict:
+        """The container env var `name` read from this Secret key."""
+        return {"name": name, "valueFrom": {"secretKeyRef": {"name": self.name, "key": self.key}}}
+
+
 class EnvVar(Model):
     name: str = Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
     value: str | None = None

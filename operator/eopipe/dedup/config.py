@@ -64,8 +64,8 @@ class WorkerConfig:
     # interval, the newest `retention` kept; credentials from env AWS_ACCESS_KEY_ID/
     # AWS_SECRET_ACCESS_KEY, the endpoint of an S3-compatible store (None: AWS's).
     backup_uri: str | None = None
-    backup_interval_seconds: float = 300.0
-    backup_retention: int = 3
+    backup_interval_seconds: float = defaults.BACKUP_INTERVAL_SECONDS
+    backup_retention: int = defaults.BACKUP_RETENTION
     backup_endpoint: str | None = None
 
     def __post_init__(self) -> None:

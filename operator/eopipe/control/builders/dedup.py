@@ -17,6 +17,7 @@ from eopipe.control.builders import access, pods
 from eopipe.core import kafkaconf
 from eopipe.core.assignment import CONFIGMAP_KEY as ASSIGNMENT_KEY
 from eopipe.core.assignment import Assignment
+from eopipe.core.backupspec import Backup
 from eopipe.core.durations import parse_duration
 from eopipe.core.defaults import STATE_DIR
 from eopipe.core.names import DEDUP_HTTP_PORT as HTTP_PORT
@@ -103,7 +104,25 @@ def worker_args(names: Names, *, bootstrap: str | None = None,
         "--state-dir", state_dir,
         "--http-port", str(http_port),
         "--memory-mb", str(memory_budget_mb(pod_resources(spec.dedup.resources)["limits"]["memory"])),
+        *backup_args(spec.dedup.backup),
     ]
+
+
+def backup_args(backup: Backup | None) -> list[str]:
+    if backup is None:
+        return []
+    endpoint = ["--backup-endpoint", backup.endpoint] if backup.endpoint else []
+    return ["--backup-uri", backup.uri, *endpoint,
+            "--backup-interval", f"{int(parse_duration(backup.interval).total_seconds())}s",
+            "--backup-retention", str(backup.retention)]
+
+
+def backup_env(backup: Backup | None) -> list[dict]:
+    """The object store's credentials from the pipeline's Secret (opened to it: control/policy.py)."""
+    if backup is None or backup.credentials is None:
+        return []
+    return [backup.credentials.access_key_id.env("AWS_ACCESS_KEY_ID"),
+            backup.credentials.secret_access_key.env("AWS_SECRET_ACCESS_KEY")]
 
 
 def _env() -> list[dict]:
@@ -167,7 +186,7 @@ def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
         "command": ["eopipe"],
         "args": worker_args(names),
         # The state endpoints' bearer token from the pipeline's Secret (builders/access.py).
-        "env": _env() + [access.token_env(names)] + kafkaconf.pod_env(names.spec.kafka),
+        "env": _env() + [access.token_env(names)] + kafkaconf.pod_env(spec.kafka) + backup_env(spec.dedup.backup),
         "ports": [{"name": "http", "containerPort": HTTP_PORT}],
         # The HTTP server shares a Python process with the hot loop: allow it a slow answer.
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"},
