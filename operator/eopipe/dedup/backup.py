@@ -1,7 +1,6 @@
 """Dedup snapshots in an object store (docs/design.md#snapshots): the I/O around dedup/snapshot.py.
 
-- `Bucket`: the few S3 calls, through boto3 (the AWS SDK: credentials from the environment as a
-  Secret gives them, any S3-compatible endpoint), each with timeouts, reads bounded;
+- `Bucket` (dedup/objectstore.py): the few S3 calls;
 - `Snapshotter`: the worker's thread that, every interval, checkpoints each running partition's
   RocksDB, uploads the files the store does not have yet, then the manifest (last), then prunes;
 - `restore_latest`: a partition whose store is gone gets the newest snapshot back, when
@@ -10,7 +9,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -28,113 +26,13 @@ from eopipe.dedup import snapshot
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.metrics import Metrics
+from eopipe.dedup.objectstore import BackupError, Bucket
 from eopipe.dedup.migrate import sha256_file
-from eopipe.dedup.snapshot import Choice, FileRef, Location, Manifest, StoredFile
+from eopipe.dedup.snapshot import Choice, FileRef, Manifest, StoredFile
 from eopipe.dedup.store import StateStore
 from eopipe.dedup.transfer import ensure_room
 
 log = logging.getLogger("eopipe.dedup")
-CONNECT_TIMEOUT_S = 5
-READ_TIMEOUT_S = 30
-MAX_LISTED = 100_000     # keys of one partition's listing at most
-CHUNK = 1 << 20
-
-
-class BackupError(RuntimeError):
-    pass
-
-
-class Bucket:
-    """One bucket and prefix of an S3-compatible store."""
-
-    def __init__(self, loc: Location, endpoint: str | None):
-        import boto3
-        from botocore.config import Config
-
-        self.loc = loc
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        session = boto3.session.Session()
-        self.has_credentials = session.get_credentials() is not None
-        self.s3 = session.client(
-            "s3", endpoint_url=endpoint or None, region_name=region,
-            config=Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
-                          retries={"max_attempts": 3, "mode": "standard"},
-                          # S3-compatible stores: path-style URLs, checksums only where S3 requires them.
-                          s3={"addressing_style": "path"}, request_checksum_calculation="when_required",
-                          response_checksum_validation="when_required"))
-
-    def put_file(self, key: str, path: Path) -> None:
-        with open(path, "rb") as f:
-            self.s3.put_object(Bucket=self.loc.bucket, Key=key, Body=f)
-
-    def put_bytes(self, key: str, data: bytes) -> None:
-        self.s3.put_object(Bucket=self.loc.bucket, Key=key, Body=data)
-
-    def exists(self, key: str) -> bool:
-        from botocore.exceptions import ClientError
-        try:
-            self.s3.head_object(Bucket=self.loc.bucket, Key=key)
-            return True
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise
-
-    def get_bounded(self, key: str, limit: int) -> bytes:
-        r = self.s3.get_object(Bucket=self.loc.bucket, Key=key)
-        body = r["Body"]
-        try:
-            if int(r.get("ContentLength", limit + 1)) > limit:
-                raise BackupError(f"{key}: larger than {limit} bytes")
-            data = body.read(limit + 1)
-        finally:
-            body.close()
-        if len(data) > limit:
-            raise BackupError(f"{key}: larger than {limit} bytes")
-        return data
-
-    def download(self, key: str, dest: Path, ref: FileRef) -> None:
-        """The file, checked against its size and sha256 as the manifest names them."""
-        r = self.s3.get_object(Bucket=self.loc.bucket, Key=key)
-        h, n, body = hashlib.sha256(), 0, r["Body"]
-        try:
-            if int(r.get("ContentLength", -1)) != ref.size:
-                raise BackupError(f"{key}: {r.get('ContentLength')} bytes, the manifest says {ref.size}")
-            with open(dest, "wb") as out:
-                for chunk in body.iter_chunks(CHUNK):
-                    n += len(chunk)
-                    if n > ref.size:
-                        raise BackupError(f"{key}: more than {ref.size} bytes")
-                    h.update(chunk)
-                    out.write(chunk)
-        finally:
-            body.close()
-        if n != ref.size or h.hexdigest() != ref.sha256:
-            raise BackupError(f"{key}: {n} bytes, sha256 {h.hexdigest()}: not the file the manifest names")
-
-    def list(self, prefix: str) -> list[tuple[str, float]]:
-        """(key, age in seconds) under `prefix`, at most MAX_LISTED."""
-        out: list[tuple[str, float]] = []
-        now = time.time()
-        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.loc.bucket, Prefix=prefix)
-        for page in pages:
-            for o in page.get("Contents", ()):
-                out.append((o["Key"], now - o["LastModified"].timestamp()))
-                if len(out) >= MAX_LISTED:
-                    raise BackupError(f"more than {MAX_LISTED} objects under {prefix}")
-        return out
-
-    def delete(self, keys: list[str]) -> None:
-        for i in range(0, len(keys), 1000):
-            self.s3.delete_objects(Bucket=self.loc.bucket,
-                                   Delete={"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True})
-
-    # -- snapshots ------------------------------------------------------------------------
-    def manifests(self, p: int) -> list[str]:
-        return [k for k, _ in self.list(self.loc.partition(p) + "m-") if snapshot.manifest_created(k) is not None]
-
-    def manifest(self, key: str, p: int) -> Manifest:
-        return snapshot.parse_manifest(self.get_bounded(key, snapshot.MAX_MANIFEST_BYTES), p)
 
 
 # -- metrics ----------------------------------------------------------------------------------
