@@ -17,6 +17,8 @@ import re
 from dataclasses import asdict, dataclass
 from enum import Enum
 
+from eopipe.core.backupspec import BUCKET_PATTERN
+
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_FILES = 10_000
 MAX_FILE_BYTES = 1 << 40
@@ -24,7 +26,7 @@ MANIFEST_VERSION = 1
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _SHA = re.compile(r"[0-9a-f]{64}")
 _MANIFEST_KEY = re.compile(r"m-(\d{16})\.json")
-_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_BUCKET = re.compile(BUCKET_PATTERN)  # the CRD checks the same (spec.dedup.backup.uri)
 
 
 class BadManifest(ValueError):
