@@ -24,6 +24,9 @@ from eopipe.core.names import LABEL_MANAGED_BY, LABEL_PIPELINE, MANAGED_BY, SPAR
     SPARK_VERSION, Names
 
 RESOURCE = spec_mod.RESOURCE
+# The SparkApplication watch logs here, not to Kopf's logger of the object, which would post
+# each line as an Event on the Spark Operator's object.
+WATCH_LOG = logging.getLogger("eopipe.sparkwatch")
 
 RECONCILES = Counter("eopipe_operator_reconciles_total", "reconcile passes", ["result"])
 RECONCILE_SECONDS = Histogram("eopipe_operator_reconcile_seconds", "duration of a reconcile pass")
@@ -197,7 +200,7 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
 
     @kopf.on.event(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, registry=registry,
                    labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_PIPELINE: kopf.PRESENT})
-    async def spark_state(event, body, logger, **_):
+    async def spark_state(event, body, **_):
         meta = body.get("metadata") or {}
         pipeline = sparkwatch.owner(meta)
         if pipeline is None:
@@ -207,13 +210,14 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
                           event.get("type") == "DELETED", time.monotonic())
         if not d.trigger:
             return
-        logger.info(f"SparkApplication state {state or 'none'}: reconciling pipeline {pipeline}"
+        WATCH_LOG.info(f"{ns}/{meta.get('name')}: state {state or 'none'}"
+                    f"{', deleted' if event.get('type') == 'DELETED' else ''}: reconciling pipeline {pipeline}"
                     + (f" in {d.delay:.1f}s" if d.delay else ""))
         await asyncio.sleep(d.delay)
         owner = {"metadata": {"namespace": ns, "name": pipeline}}
         for _ in range(sparkwatch.RETRIES):  # Kopf does not retry an event handler
             try:
-                return await asyncio.to_thread(_reconcile, reconciler(), owner, logger)
+                return await asyncio.to_thread(_reconcile, reconciler(), owner, WATCH_LOG)
             except kopf.TemporaryError as e:  # e.g. a stopped driver not gone yet: in status already
                 await asyncio.sleep(e.delay or sparkwatch.MIN_GAP_SECONDS)
 
