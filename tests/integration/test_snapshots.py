@@ -67,7 +67,7 @@ def test_a_lost_volume_is_restored_from_the_snapshot_and_replayed_from_its_offse
         assert restored[p]["snapshot_offset"] == snap, restored
         # The replay read only [snapshot, committed): not a rebuild over the window.
         r = running[p]
-        assert r["recovery"] == "replay" and r["applied_before"] == snap, r
+        assert r["recovery"] == "replay" and r["applied_before"] == snap and r["snapshot_offset"] == snap, r
         assert 0 < r["replayed"] <= r["committed"] - snap, r
     assert sum(running[p]["replayed"] for p in PARTS) < sum(committed.values())
     m = w.metrics()
@@ -97,5 +97,6 @@ def test_a_lost_volume_is_restored_from_the_snapshot_and_replayed_from_its_offse
     reason = events(w, "not restored from snapshot: rebuilding from the source")[0]["reason"]
     assert "download failed" in reason and "not the file the manifest names" in reason, reason
     assert events(w, "partition running")[0]["recovery"] == "rebuild"
+    assert "snapshot_offset" not in events(w, "partition running")[0]
     assert sorted(events(w, "restored from snapshot")) == [1, 2]
     assert w.terminate() == 0  # nothing new to process: the verification above stands

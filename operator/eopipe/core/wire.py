@@ -82,6 +82,7 @@ class Recovery(_Wire):
     replayed: int | None = None          # source records scanned into the store
     recovery_seconds: float | None = None
     high_watermark: int | None = None
+    snapshot_offset: int | None = None   # the lost store came back from a snapshot at this offset
 
 
 class Migration(_Wire):

@@ -70,10 +70,11 @@ def restore(ctx: PartitionContext, p: int, source: SourceReader, t0: float) -> R
     count = ctx.home_count()
     a = ctx.assignment()
     rs = a.reshard
+    restored = None
     if cfg.backup_uri and not ctx.store.exists(p):
         # The volume was lost: the newest snapshot, if usable, is the store the plan replays
         # forward from its offset (docs/design.md#snapshots); else the plan rebuilds.
-        backup.restore_latest(cfg, ctx.store, ctx.metrics, snapshot.Facts(
+        restored = backup.restore_latest(cfg, ctx.store, ctx.metrics, snapshot.Facts(
             store_present=False, committed=committed, log_start=lo, source_topic=cfg.source_topic, group=cfg.group_id,
             home_count=count, reshard=rs is not None, now_ms=int(time.time() * 1000), window_ms=cfg.window_ms,
             segment_ms=cfg.segment_ms, snapshot=None), p)
@@ -113,6 +114,8 @@ def restore(ctx: PartitionContext, p: int, source: SourceReader, t0: float) -> R
     m.committed.labels(lbl).set(plan.resume_at)
     if replayed:
         m.replayed.labels(lbl).inc(replayed)
+    # Set only when it happened: the JSON keeps the keys a writer set (core/wire).
+    from_snapshot = {"snapshot_offset": applied} if restored and restored.choice is snapshot.Choice.RESTORE else {}
     return Restored(store, plan, plan.resume_at, Recovery(
         recovery=plan.action, applied_before=applied, replayed=replayed, recovery_seconds=round(secs, 3),
-        high_watermark=hi))
+        high_watermark=hi, **from_snapshot))
