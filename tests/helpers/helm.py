@@ -27,6 +27,7 @@ OPERATOR_GRANTS = [
     ("create", "statefulsets.apps"), ("patch", "statefulsets.apps"),
     ("create", "poddisruptionbudgets.policy"), ("create", "configmaps"),
     ("create", "services"), ("create", "sparkapplications.sparkoperator.k8s.io"),
+    ("watch", "sparkapplications.sparkoperator.k8s.io"),  # state changes reconcile at once (control/sparkwatch.py)
     ("get", "secrets"), ("create", "events"), ("list", "pods"),
     ("create", "roles.rbac.authorization.k8s.io"), ("create", "serviceaccounts"),
 ]
