@@ -26,7 +26,7 @@ def raises(code, **flags):
     (raises(KafkaError._FENCED, fatal=True), {}, Fenced),
     (raises(KafkaError.PRODUCER_FENCED, fatal=True), {}, Fenced),
     (raises(KafkaError.INVALID_PRODUCER_EPOCH, fatal=True), {}, Fenced),
-    (raises(KafkaError._STATE, fatal=True), {}, RuntimeError),
+    (raises(KafkaError._STATE, fatal=True), {}, txn.ProducerFatal),  # one warning, p restarted
     # The commit path: a timeout past the commit's deadline, or one not retriable, means the
     # outcome is unknown (a retriable one before the deadline is retried: below).
     (raises(KafkaError._TIMED_OUT, retriable=True), {"stall": True, "deadline": 0.0}, Stalled),
@@ -258,3 +258,23 @@ def test_a_polled_batch(spec, batch, stored, expected, counts):
     assert (c.consumed, c.emitted, c.duplicates, c.rerouted, c.dead_lettered) == counts
     assert t.open and t.next_offset == batch[-1].offset() + 1 - (batch[-1].error() is not None)
     assert set(t.pending) == {s[2] if spec == "key" else MINE[0] for s in sent if s[0] == "out"}
+
+
+def test_a_fatal_produce_error_is_a_known_producer_failure():
+    """An idempotent producer's fatal error (OUT_OF_ORDER_SEQUENCE_NUMBER after a leader was
+    killed) ends p's producer: ProducerFatal, which the runner logs as one warning and restarts."""
+    from types import SimpleNamespace
+
+    from eopipe.dedup.batch import Transaction
+    from eopipe.dedup.config import WorkerConfig
+
+    class Producer(FakeProducer):
+        def produce(self, *args, **kw):
+            raise KafkaException(KafkaError(KafkaError._FATAL, "out of order sequence number", fatal=True))
+
+    cfg = WorkerConfig(bootstrap="127.0.0.1:9", source_topic="src", output_topic="out", pipeline="p", partitions=[3])
+    t = Transaction(cfg, 3, Producer([]), SimpleNamespace(), SimpleNamespace(contains=lambda keys: set()),
+                    TxnCalls(3), lambda: 4, False, committed=10)
+    with pytest.raises(txn.ProducerFatal) as e:
+        t.process([_msg(10, MINE[0], b"a")])
+    assert e.value.code == "_FATAL" and e.value.reason == "out of order sequence number"

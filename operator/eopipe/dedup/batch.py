@@ -26,7 +26,8 @@ from eopipe.core.keys import MalformedRecord, batch_extractor, extractor
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.partition_store import PartitionStore
-from eopipe.dedup.txn import API_TIMEOUT_S, COMMIT_ATTEMPT_S, FENCED_CODES, Abortable, Fenced, TxnCalls
+from eopipe.dedup.txn import (API_TIMEOUT_S, COMMIT_ATTEMPT_S, FENCED_CODES, Abortable, Fenced, ProducerFatal,
+                               TxnCalls)
 
 log = logging.getLogger("eopipe.dedup")
 
@@ -295,7 +296,7 @@ class Transaction:
                 if err.fatal() and err.code() in FENCED_CODES:
                     raise Fenced(f"produce: {err}") from None
                 if err.fatal():
-                    raise
+                    raise ProducerFatal("produce", err) from None
                 raise Abortable(f"produce: {err}") from None
 
 

@@ -35,7 +35,8 @@ from eopipe.dedup.metrics import PartitionMetrics
 from eopipe.dedup.partition_store import PartitionStore
 from eopipe.dedup.recovery import window_start_ms
 from eopipe.dedup.replay import SourceReader
-from eopipe.dedup.txn import API_TIMEOUT_S, Abortable, Fenced, Stalled, Stopping, TxnCalls, Wedged, fencing_was_a_timeout
+from eopipe.dedup.txn import (API_TIMEOUT_S, Abortable, Fenced, ProducerFatal, Stalled, Stopping, TxnCalls, Wedged,
+                               fencing_was_a_timeout)
 
 log = logging.getLogger("eopipe.dedup")
 
@@ -101,6 +102,10 @@ class PartitionRunner(threading.Thread):
             self.set_state(PartitionState.FENCED)
             event(log, ERROR, "partition fenced: another owner took it; not producing for it any more",
                   partition=self.p, error=str(e))
+        except ProducerFatal as e:  # known: the restart replaces the producer; no traceback
+            self.error = str(e)
+            self.set_state(PartitionState.FAILED)
+            event(log, WARNING, f"producer fatal: {e.code}; replaced", partition=self.p, error=e.reason)
         except Exception as e:  # noqa: BLE001 - the control loop restarts the partition
             self.error = f"{type(e).__name__}: {e}"
             self.set_state(PartitionState.FAILED)

@@ -50,6 +50,17 @@ class Wedged(RuntimeError):
     """A call did not return: restart p with a new producer."""
 
 
+class ProducerFatal(RuntimeError):
+    """A fatal producer error other than fencing (an idempotent producer's
+    OUT_OF_ORDER_SEQUENCE_NUMBER after the output's leader was killed, say): this producer can
+    do nothing more, and p is restarted with new clients. Known, so one warning, no traceback."""
+
+    def __init__(self, what: str, err: KafkaError):
+        super().__init__(f"fatal producer error in {what}: {err}")
+        self.code = err.name()
+        self.reason = err.str()
+
+
 class Stalled(Exception):
     """A commit-path call (send_offsets_to_transaction, commit_transaction, abort_transaction)
     timed out or outlived the watchdog: its outcome is unknown. p replaces its producer and
@@ -124,7 +135,7 @@ class TxnCalls:
                 if err.fatal():
                     if err.code() in FENCED_CODES:
                         raise Fenced(f"{what}: {err}") from None
-                    raise RuntimeError(f"fatal producer error in {what}: {err}") from None
+                    raise ProducerFatal(what, err) from None
                 past = deadline is not None and time.monotonic() >= deadline
                 if stall and ((err.code() == KafkaError._TIMED_OUT and not err.retriable()) or (
                         err.retriable() and past)):
