@@ -191,18 +191,46 @@ def dockerfile_image(b: Buildah, target: str, inputs: tuple[str, ...]) -> tuple[
     base = base_image(b)
     name = "eopipe" if target == "operator" else f"eopipe-{target}"
     ref = f"localhost/{name}:{_hash(base.encode(), target.encode(), tree_hash(REPO_ROOT, inputs).encode())}"
+    return _bud(b, base, target, ref, name, lambda: REPO_ROOT)
+
+
+def _bud(b: Buildah, base: str, target: str, ref: str, name: str, context) -> tuple[str, Path]:
+    """`buildah bud` of the Dockerfile target in the directory context() gives (called only when
+    the archive is not cached), archived; older images of `name` pruned."""
     dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
     if dest.exists():
         return ref, dest
     _log(f"building {ref} from the Dockerfile, target {target} (FROM {base})")
     t0 = time.monotonic()
+    root = context()
     b("bud", "--quiet", "--isolation", "chroot", "--network", "host", "--pull=never", "--layers=false",
       "--build-arg", f"PYTHON_IMAGE={base}", "--target", target, *_trust_args(),
-      "-f", str(REPO_ROOT / "Dockerfile"), "-t", ref, str(REPO_ROOT))
+      "-f", str(root / "Dockerfile"), "-t", ref, str(root))
     _log(f"{ref} built in {time.monotonic() - t0:.0f}s")
     b.archive(ref, dest)
     _prune(b, name, ref, dest)
     return ref, dest
+
+
+def commit_app_image(commit: str) -> tuple[str, Path]:
+    """The operator/dedup image as of `commit` (full hash): the same build on `git archive` of
+    that tree, tagged by the base and the commit, so a warm cache never extracts or builds it
+    again (the upgrade test's earlier operator). Kept apart from the current image's name, which
+    the prune would otherwise remove."""
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise ValueError(f"a full commit hash, not {commit!r}")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    b = Buildah()
+    base = base_image(b)
+    name = "eopipe-prev"
+    ref = f"localhost/{name}:{_hash(base.encode(), b'operator', commit.encode())}"
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        def context() -> Path:
+            archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", commit], check=True,
+                                     stdout=subprocess.PIPE).stdout
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+            return Path(tmp)
+        return _bud(b, base, "operator", ref, name, context)
 
 
 def app_image(b: Buildah) -> tuple[str, Path]:

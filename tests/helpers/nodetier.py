@@ -31,6 +31,14 @@ def tag_image(ref: str, new: str) -> None:
                    check=True, capture_output=True)
 
 
+def import_image(archive: Path) -> None:
+    """An image archive built after `up` (the upgrade test's earlier operator) loaded into the node."""
+    from localenv.node import CONTAINERD_SOCK
+    from localenv.node.images import import_images
+
+    import_images(["ctr", "--address", str(CONTAINERD_SOCK)], [archive])
+
+
 def shell_env(tools_bin: str) -> dict[str, str]:
     """A user's shell at the repository's root: kubectl and helm on PATH, KUBECONFIG the tier's."""
     return {**os.environ, "KUBECONFIG": str(KUBECONFIG),

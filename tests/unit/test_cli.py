@@ -116,3 +116,24 @@ def test_verify_timeout_bounds_the_whole_run():
     assert took < 15, took
     assert res.stderr.startswith("eopipe verify: incomplete after 3s: topic src") and res.stderr.count("\n") == 1, \
         res.stderr
+
+
+def test_load_stops_cleanly_on_sigterm(monkeypatch, capsys):
+    """SIGTERM sets the load's stop event: it returns and prints what it sent, exit 0."""
+    import os
+    import signal
+
+    import eopipe.tools.loadgen as loadgen
+
+    def fake_run_load(*_a, stop, **_kw):
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before kill returns
+        return {"records": 7 if stop.is_set() else -1, "unique": 7, "duplicates": 0, "wrong_partition": 0,
+                "poison": 0, "seconds": 0.1}
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(loadgen, "run_load", fake_run_load)
+    try:
+        args = build_parser().parse_args([*LOAD, "--count", "1000000", "--json"])
+        assert args.func(args) == 0
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert '"records": 7' in capsys.readouterr().out

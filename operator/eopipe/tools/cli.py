@@ -40,13 +40,19 @@ def _progress(stats: dict) -> None:
 
 
 def cmd_load(args: argparse.Namespace) -> int:
+    import threading
+
     from eopipe.tools.loadgen import run_load
 
+    # SIGTERM ends the load early but cleanly: what was sent is flushed and reported, so a test
+    # can keep a load running exactly as long as what it does under it.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     stats = run_load(args.bootstrap, args.topic, args.count, dup_ratio=args.dup_ratio,
                      wrong_partition_ratio=args.wrong_partition_ratio, poison=args.poison,
                      partitioner=args.partitioner, rate=args.rate, seed=args.seed,
                      progress=None if args.quiet else _progress,
-                     id_at=("user.id",) if args.nested_id else ("id",))
+                     id_at=("user.id",) if args.nested_id else ("id",), stop=stop)
     print(json.dumps(stats) if args.json else
           f"load: sent {stats['records']} records ({stats['unique']} unique, "
           f"{stats['duplicates']} duplicates, {stats['wrong_partition']} to a wrong partition, "
@@ -195,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "resends, some delayed and some to a wrong partition.")
     load.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers")
     load.add_argument("--topic", required=True, help="source topic (must exist)")
-    load.add_argument("--count", type=cliargs.count, required=True, help="records to send, resends included")
+    load.add_argument("--count", type=cliargs.count, required=True,
+                      help="records to send, resends included (SIGTERM stops early and reports what was sent)")
     load.add_argument("--dup-ratio", type=cliargs.ratio, default=0.2,
                       help="share of sends that are resends, within [0, 1) (default 0.2)")
     load.add_argument("--wrong-partition-ratio", type=cliargs.share, default=0.05,
