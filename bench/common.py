@@ -256,7 +256,7 @@ class GroupLag:
 
 # -- the independent check -----------------------------------------------------------------------
 def verified(bootstrap: str, source: str, output: str, key: str = "json:id", *, group: str | None = None,
-             dlq: str | None = None, stop=None, count_aborted: bool = True) -> dict:
+             dlq: str | None = None, stop=None, count_aborted: bool = True, timeout: float = 300) -> dict:
     """eopipe verify over a benchmark's output, once the dedup `group` (if given) committed the
     end of the source: its counts, or RuntimeError if a record was lost or duplicated."""
     from eopipe.core.keys import KeySpec
@@ -264,7 +264,7 @@ def verified(bootstrap: str, source: str, output: str, key: str = "json:id", *, 
 
     if group:
         wait_for_group(bootstrap, group, source, 300, **({"stop": stop} if stop else {}))
-    rep = verify(bootstrap, source, output, key_spec=KeySpec.parse(key), dlq_topic=dlq, settle=2, timeout=300,
+    rep = verify(bootstrap, source, output, key_spec=KeySpec.parse(key), dlq_topic=dlq, settle=2, timeout=timeout,
                  count_aborted=count_aborted)
     if not rep.ok:
         raise RuntimeError(f"output {output} not exactly-once: {rep.line()} {rep.examples}")

@@ -197,7 +197,9 @@ def _upload_and_recovery(bootstrap, workdir, keys, backups, result, progress) ->
             progress(f"{how}: {rec[f'{how}_s']:.2f}s")
             w.stop()
         result["recovery"] = rec
-        result["verify"]["recovery"] = verified(bootstrap, src, out, group=w.group, dlq=dlq)
+        # reading 10M records twice takes over 5 minutes on a busy 2-core machine
+        result["verify"]["recovery"] = verified(bootstrap, src, out, group=w.group, dlq=dlq,
+                                                timeout=300 + end / 10_000)
     finally:
         w.stop()
 
