@@ -23,6 +23,7 @@ from eopipe.core.keys import KeySpec
 from eopipe.core.names import Names
 from eopipe.core.spec import PipelineSpec
 from eopipe.tools.verify import TopicReader, verify
+from tests.helpers.rebalance_e2e import Load
 from tests.helpers.workers import REPO, assert_clean, background_load, finish_load, metric_sum, recoveries, resend_all
 
 pytestmark = pytest.mark.kafka
@@ -164,8 +165,8 @@ def test_crash_between_kafka_commit_and_rocksdb_write(pipe):
     """The test hook exits right after commit_transaction, before the RocksDB write: the
     restart must replay [applied, committed) into the state or it would re-emit."""
     w = pipe.worker([0, 1, 2])
-    t, res = background_load(pipe, 30_000, dup_ratio=0.3, rate=6000, seed=3)
-    replays = 0
+    # The load lasts until the faults have fired: each crash needs commits after a restart.
+    load = Load(pipe.bootstrap, pipe.source, 1_000_000, rate=6000, seed=3)
     for nth in (3, 7, 2):
         w.start(env={"EOPIPE_FAULT": f"crash_after_commit:{nth}"})
         assert w.wait_exit(120) == 137, w.tail()
@@ -175,7 +176,7 @@ def test_crash_between_kafka_commit_and_rocksdb_write(pipe):
     rec = recoveries(w)
     replays = sum(1 for d in rec if d["recovery"] == "replay" and d["replayed"] > 0)
     assert replays >= 3, rec
-    finish_load(t, res)
+    res = load.stop()
     resend_all(pipe)
     pipe.wait_drained()
     assert w.terminate() == 0
