@@ -22,7 +22,7 @@ Steps (each module's docstring says exactly what it measures):
   memory         RSS of one dedup worker with 1M and 10M keys in its store
   snapshots      dedup snapshots in a real object store (SeaweedFS): upload MB/s (full, incremental),
                  a lost volume restored from the snapshot vs rebuilt from Kafka (1M keys), and the
-                 throughput with backups on vs off; output verified (left out by --quick: ~3 min)
+                 throughput with backups on vs off; output verified (left out by --quick: ~5 min)
   autoscale      the operator's autoscaler under a 1x, 4x, 1x load step on the local control
                  plane: replicas over time, pause per move, latency per phase, verified output
                  (left out by --quick: it starts a control plane and runs about 4 minutes)
@@ -31,8 +31,8 @@ Prints the detail table of each step, then one combined table (stdout; progress 
 stderr); writes the combined table and the details as JSON and a plot as PNG and SVG. Absolute
 numbers drift on a shared 2-core machine; compare the rows of one run. The full run takes
 8 to 14 minutes on 2 cores (0.5 to 2 of them pre-building the 10M-key store, 5 to 8 the
-recovery faults; the disk peaks near 0.5 GB under .work/bench, removed after), plus about 5
-for the peers (--peers alone: 5.4 min); --quick is a smoke run with small sizes, no peers and
+recovery faults; the disk peaks near 0.5 GB under .work/bench, removed after), about 5 more
+for snapshots (1M keys), plus about 5 for the peers (--peers alone: 5.4 min); --quick is a smoke run with small sizes, no peers and
 one round of two fault classes, worker kill and partition (~2.5 min, ~6 on a busy machine).
 
     python -m bench [--quick] [--peers | --no-peers] [--skip latency,...] [--bootstrap HOST:PORT] [--json FILE] [--png FILE]
