@@ -31,6 +31,18 @@ WINDOW_MS = 24 * 3600 * 1000     # the workers run with --window 24h and the def
 SEGMENTS = 4
 
 
+def json_log(path: Path) -> list[dict]:
+    """A worker's structured log lines (one JSON document each), librdkafka's raw lines skipped."""
+    docs = []
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("{"):
+            try:
+                docs.append(json.loads(line))
+            except ValueError:
+                pass
+    return docs
+
+
 def python() -> str:
     venv = REPO / ".venv" / "bin" / "python"
     return str(venv) if venv.exists() else sys.executable

@@ -22,7 +22,6 @@ Every run's output is checked by eopipe verify (read_committed, the output topic
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import shutil
 import sys
@@ -31,24 +30,13 @@ import uuid
 from pathlib import Path
 from unittest import mock
 
-from bench.common import Setup, Worker, say, single_owner, standalone, verified, wait
+from bench.common import Setup, Worker, json_log as logs, say, single_owner, standalone, verified, wait
 
 GOAL_RESTORE_X = 10.0
 GOAL_COST_PCT = 5.0
 
 
 # -- pure: the worker's log in, numbers out -------------------------------------------------------
-def logs(path: Path) -> list[dict]:
-    docs = []
-    for line in path.read_text(errors="replace").splitlines():
-        if line.startswith("{"):
-            try:
-                docs.append(json.loads(line))
-            except ValueError:
-                pass
-    return docs
-
-
 def _ts(doc: dict) -> float:
     return datetime.datetime.fromisoformat(doc["ts"].replace("Z", "+00:00")).timestamp()
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from bench.common import json_log
 from eopipe.core import partitioner
 from eopipe.core.keys import KeySpec
 from eopipe.core.names import consumer_group
@@ -232,14 +233,7 @@ class WorkerProc:
         return out
 
     def logs(self) -> list[dict]:
-        docs = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            if line.startswith("{"):
-                try:
-                    docs.append(json.loads(line))
-                except ValueError:
-                    pass
-        return docs
+        return json_log(self.log)
 
     def tail(self, n: int = 40) -> str:
         lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if not ln.startswith("%")]

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from bench.snapshots import derived, logs, recovery_seconds, table, upload_row
+from bench.common import json_log as logs
+from bench.snapshots import derived, recovery_seconds, table, upload_row
 
 
 def doc(msg: str, ts: str, **kw) -> dict:
