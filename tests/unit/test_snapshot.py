@@ -155,7 +155,7 @@ def test_orphans_spare_named_and_young_files():
 
 
 def test_checkpoint_meta_is_read_without_changing_it(tmp_path):
-    from eopipe.dedup.backup import read_meta
+    from eopipe.dedup.partition_store import read_meta
     from eopipe.dedup.store import StateStore
 
     s = StateStore(tmp_path / "state", window_ms=WINDOW, segment_ms=SEGMENT, memory_bytes=16 << 20)

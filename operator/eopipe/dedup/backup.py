@@ -27,6 +27,7 @@ from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.metrics import Metrics
 from eopipe.dedup.objectstore import BackupError, Bucket
+from eopipe.dedup.partition_store import read_meta
 from eopipe.dedup.migrate import sha256_file
 from eopipe.dedup.snapshot import Choice, FileRef, Manifest, StoredFile
 from eopipe.dedup.store import StateStore
@@ -67,22 +68,6 @@ def bucket_of(cfg: WorkerConfig) -> Bucket:
 
 
 # -- taking snapshots -------------------------------------------------------------------------
-def read_meta(path: Path) -> dict[str, int | None]:
-    """The meta of a checkpoint, read without changing it (read-only open of its default CF)."""
-    from rocksdict import AccessType, Options, Rdict
-
-    from eopipe.dedup import partition_store as ps
-
-    db = Rdict(str(path), Options(raw_mode=True), access_type=AccessType.read_only())
-    try:
-        keys = {"applied_offset": ps._META_APPLIED, "partition_count": ps._META_NPARTS,
-                "watermark_ms": ps._META_WATERMARK, "covered_since_ms": ps._META_COVERED,
-                "window_ms": ps._META_WINDOW}
-        return {name: ps._dec(db.get(k)) for name, k in keys.items()}
-    finally:
-        db.close()
-
-
 class Snapshotter(threading.Thread):
     """Every `backup_interval_seconds`, a snapshot of each running partition whose store moved on."""
 
@@ -122,12 +107,8 @@ class Snapshotter(threading.Thread):
     def checkpoint(self, p: int, dest: Path) -> bool:
         """A checkpoint of p's open store, if p runs and its store moved on since the last one.
         Under the store's lock, so p's store cannot be closed under the checkpoint."""
-        with self.store._lock:  # noqa: SLF001 - see the report: StateStore.checkpoint_open wanted
-            ps = self.store._open.get(p)  # noqa: SLF001
-            if ps is None or not self.running(p) or ps.applied_offset is None or ps.applied_offset == self.last.get(p):
-                return False
-            ps.checkpoint(dest)
-            return True
+        return self.store.checkpoint_open(p, dest, lambda ps: self.running(p) and ps.applied_offset is not None
+                                          and ps.applied_offset != self.last.get(p))
 
     def _sha256(self, path: Path) -> str:
         st = path.stat()

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Protocol
 
-from rocksdict import Checkpoint, Options, Rdict, WriteBatch
+from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
 
 MAX_SKEW_MS = 60_000
 _META_APPLIED = b"applied_offset"
@@ -270,7 +270,7 @@ class PartitionStore:
                 "effective_window_seconds": self.effective_window_ms() / 1000}
 
     def checkpoint(self, dest: Path | str) -> Path:
-        """A consistent on-disk copy (hard links where possible) for a handoff."""
+        """A consistent on-disk copy (hard links where possible) for a handoff or a snapshot."""
         Checkpoint(self._db).create_checkpoint(str(dest))
         return Path(dest)
 
@@ -282,3 +282,15 @@ class PartitionStore:
         self._handles.clear()
         self._db.close()
         del self._db
+
+
+def read_meta(path: Path) -> dict[str, int | None]:
+    """The meta of a checkpoint (its keys are those of the records below applied_offset), read
+    without changing it: a read-only open of its default column family."""
+    db = Rdict(str(path), Options(raw_mode=True), access_type=AccessType.read_only())
+    try:
+        keys = {"applied_offset": _META_APPLIED, "partition_count": _META_NPARTS, "watermark_ms": _META_WATERMARK,
+                "covered_since_ms": _META_COVERED, "window_ms": _META_WINDOW}
+        return {name: _dec(db.get(k)) for name, k in keys.items()}
+    finally:
+        db.close()

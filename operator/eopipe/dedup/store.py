@@ -24,6 +24,7 @@ from __future__ import annotations
 import shutil
 import threading
 from pathlib import Path
+from typing import Callable
 
 from rocksdict import BlockBasedOptions, Cache, Options, WriteBufferManager
 
@@ -83,6 +84,16 @@ class StateStore:
             if ps is None:
                 ps = self._open[partition] = PartitionStore(self, partition)
             return ps
+
+    def checkpoint_open(self, partition: int, dest: Path, wanted: Callable[[PartitionStore], bool]) -> bool:
+        """A checkpoint of the partition's open store into `dest` if `wanted(it)`; under the lock,
+        so the store cannot be closed under the checkpoint. False: not open, or not wanted."""
+        with self._lock:
+            ps = self._open.get(partition)
+            if ps is None or not wanted(ps):
+                return False
+            ps.checkpoint(dest)
+            return True
 
     def close_partition(self, partition: int) -> None:
         with self._lock:
