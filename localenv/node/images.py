@@ -225,12 +225,15 @@ def commit_app_image(commit: str) -> tuple[str, Path]:
     name = "eopipe-prev"
     ref = f"localhost/{name}:{_hash(base.encode(), b'operator', commit.encode())}"
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        def context() -> Path:
-            archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", commit], check=True,
-                                     stdout=subprocess.PIPE).stdout
-            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-            return Path(tmp)
-        return _bud(b, base, "operator", ref, name, context)
+        return _bud(b, base, "operator", ref, name, lambda: tree_at(commit, Path(tmp)))
+
+
+def tree_at(commit: str, dest: Path, *paths: str) -> Path:
+    """The repository's files (or those under `paths`) as of `commit`, written into `dest`."""
+    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", commit, *paths], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
 
 
 def app_image(b: Buildah) -> tuple[str, Path]:

@@ -33,7 +33,7 @@ from localenv import REPO_ROOT
 from localenv.node import NETNS, NETPOL_STATUS, NODE_NAME, POD_CIDR
 from localenv.node.__main__ import kill_container, kubectl_argv
 from localenv.node.host import shim_sockets
-from localenv.node.images import commit_app_image
+from localenv.node.images import commit_app_image, tree_at
 from tests.helpers import nodetier
 from tests.helpers.docs import sh_blocks
 from tests.helpers.manifests import differences
@@ -227,13 +227,6 @@ def test_install_doc_helm_path_in_restricted_namespaces(node_tier):
 PREVIOUS = "ebd4bedf8db71f1e23992e9ee3983f6e4df8417c"
 
 
-def _tree_at(commit: str, dest: Path, *paths: str) -> Path:
-    archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", commit, *paths], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
-    return dest
-
-
 def _pod_lives(ns: str, name: str) -> subprocess.Popen:
     """A watch of the pipeline's dedup pods: one line per change, name, uid and restart count."""
     return subprocess.Popen(kubectl_argv("-n", ns, "get", "pods", "-l", f"{LABEL_PIPELINE}={name}", "--watch",
@@ -301,7 +294,7 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
     t = time.monotonic()
     old_image, archive = commit_app_image(PREVIOUS)
     nodetier.import_image(archive)
-    old = _tree_at(PREVIOUS, tmp_path, "charts/eopipe", "examples/minimal.yaml")
+    old = tree_at(PREVIOUS, tmp_path, "charts/eopipe", "examples/minimal.yaml")
     log(f"{old_image} (the operator as of {PREVIOUS[:12]}) on the node in {time.monotonic() - t:.0f}s")
     # An earlier test's uninstall leaves the current CRD, which helm install would keep: start
     # from the old chart's.
