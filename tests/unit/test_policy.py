@@ -103,6 +103,8 @@ def refused(s: PipelineSpec, p: dict | None = None, registries=()) -> list[str]:
     (spec(dedup={"backup": {"uri": "s3://bkt/p", "endpoint": "http://s3.storage.svc:8333"}}),
      {"objectStore": {"endpoints": ["http://*.storage.svc:8333"]}}, []),
     (spec(dedup={"backup": {"uri": "s3://bkt/p", "endpoint": "http://anywhere:8333"}}), None, []),
+    (spec(dedup={"backup": {"uri": "s3://bkt/p"}, "podTemplate": {"env": [{"name": "AWS_ENDPOINT_URL_S3", "value": "x"}]}}),
+     {"objectStore": {"endpoints": ["http://*.storage.svc:8333"]}}, ["AWS_ENDPOINT_URL_S3 is reserved"]),
     (spec(dedup={"image": "ghcr.io/evil/x:1"}), None, []),  # no registry allow-list: any image
 ])
 def test_refusals_name_the_field(s, p, want):

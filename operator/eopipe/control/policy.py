@@ -55,6 +55,9 @@ DENIED_ENV = (
     "PERL5*", "RUBY*", "SSL_CERT_*", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "OPENSSL_*",
     "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
     "TMPDIR", "HOSTNAME", "AWS_CONTAINER_*", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_EC2_METADATA*",
+    # The AWS SDK's endpoint and config from env would send the dedup pods' snapshots past
+    # tenantPolicy.objectStore.endpoints (spec.dedup.backup.endpoint is the checked way).
+    "AWS_ENDPOINT_URL*", "AWS_CONFIG_FILE", "AWS_PROFILE",
 )
 ENV_ALLOW_PATTERN = r"[A-Z][A-Z0-9_]*"
 # Taints only the cluster's own nodes carry; the empty key tolerates every taint.
