@@ -164,8 +164,9 @@ class Worker:
     """`python -m eopipe.dedup` following an assignment file, as a dedup pod runs it."""
 
     def __init__(self, name: str, bootstrap: str, topics: tuple[str, str, str], assignment: Path, work: Path,
-                 pipeline: str, memory_mb: int = 256, extra: tuple[str, ...] = ()):
+                 pipeline: str, memory_mb: int = 256, extra: tuple[str, ...] = (), env: dict | None = None):
         self.name, self.port = name, free_port()
+        self.env = dict(env or {})  # besides the bench's own (e.g. the object store's credentials)
         self.state = work / f"state-{name}"
         self.log = work / f"{name}.log"
         src, out, dlq = topics
@@ -184,7 +185,7 @@ class Worker:
                                      env={**os.environ, "EOPIPE_HANDOFF_TIMEOUT_SECONDS": "30",
                                           # the pipeline's token, as the operator gives it to every pod:
                                           # without one, workers refuse state transfer (rebuild only)
-                                          "EOPIPE_TOKEN": "bench-token"})
+                                          "EOPIPE_TOKEN": "bench-token", **self.env})
 
     def status(self) -> dict:
         try:

@@ -22,13 +22,11 @@ Every run's output is checked by eopipe verify (read_committed, the output topic
 from __future__ import annotations
 
 import datetime
-import os
 import shutil
 import sys
 import time
 import uuid
 from pathlib import Path
-from unittest import mock
 
 from bench.common import Setup, Worker, json_log as logs, say, single_owner, standalone, verified, wait
 
@@ -125,19 +123,19 @@ def bench(bootstrap: str, workdir: Path, keys: int = 1_000_000, records: int = 1
     try:
         bucket = f"bench-{uuid.uuid4().hex[:6]}"
         store.client().create_bucket(bucket)
-        # Credentials as the pod's Secret gives them: the workers inherit this environment.
-        with mock.patch.dict(os.environ, store.creds.env()):
-            backups = ("--backup-uri", f"s3://{bucket}/dedup", "--backup-endpoint", store.endpoint,
-                       "--backup-interval", interval, "--backup-retention", "2")
-            result = {"keys": keys, "records": records, "interval": interval, "rounds": rounds, "verify": {}}
-            _upload_and_recovery(bootstrap, workdir, keys, backups, result, progress)
-            result["cost"] = _throughput(bootstrap, workdir, records, backups, rounds, result, progress)
+        # Credentials in the workers' env, as the pod's Secret gives them.
+        creds = store.creds.env()
+        backups = ("--backup-uri", f"s3://{bucket}/dedup", "--backup-endpoint", store.endpoint,
+                   "--backup-interval", interval, "--backup-retention", "2")
+        result = {"keys": keys, "records": records, "interval": interval, "rounds": rounds, "verify": {}}
+        _upload_and_recovery(bootstrap, workdir, keys, backups, creds, result, progress)
+        result["cost"] = _throughput(bootstrap, workdir, records, backups, creds, rounds, result, progress)
     finally:
         store.stop()
     return result
 
 
-def _upload_and_recovery(bootstrap, workdir, keys, backups, result, progress) -> None:
+def _upload_and_recovery(bootstrap, workdir, keys, backups, creds, result, progress) -> None:
     from eopipe.tools.loadgen import run_load
 
     run = Setup(bootstrap, workdir, "snapshots", "snap")
@@ -146,7 +144,7 @@ def _upload_and_recovery(bootstrap, workdir, keys, backups, result, progress) ->
     run_load(bootstrap, src, keys, dup_ratio=0.0, wrong_partition_ratio=0.0, seed=5)
     path = run.work / "assignment.json"
     single_owner(path, "a")
-    w = Worker("a", bootstrap, run.topics, path, run.work, run.pipeline)  # backups off: the first is full
+    w = Worker("a", bootstrap, run.topics, path, run.work, run.pipeline, env=creds)  # backups off: the first is full
     plain = list(w.cmd)
     try:
         t0 = time.monotonic()
@@ -192,7 +190,7 @@ def _upload_and_recovery(bootstrap, workdir, keys, backups, result, progress) ->
         w.stop()
 
 
-def _throughput(bootstrap, workdir, records, backups, rounds, result, progress) -> dict:
+def _throughput(bootstrap, workdir, records, backups, creds, rounds, result, progress) -> dict:
     """Backups off and on over one source, alternating for `rounds`; the best steady round of each."""
     from bench.dedup_vs_copy import Sampler, steady
     from eopipe.tools.loadgen import run_load
@@ -211,7 +209,7 @@ def _throughput(bootstrap, workdir, records, backups, rounds, result, progress) 
             w = None
             try:
                 w = Worker("t", bootstrap, topics, path, run.work, run.pipeline,
-                           extra=backups if state == "on" else ())
+                           extra=backups if state == "on" else (), env=creds)
                 wait(lambda: _committed(w, sampler.end), 3600, f"backups {state}: the source deduplicated")
             finally:
                 samples = sampler.finish()
