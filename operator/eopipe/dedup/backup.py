@@ -82,6 +82,7 @@ class Snapshotter(threading.Thread):
         self.last: dict[int, int] = {}          # p -> applied offset of its last snapshot
         self.uploaded: dict[int, set[str]] = {}  # p -> file keys known to be in the store
         self._sha: dict[tuple, str] = {}         # (inode, size, mtime) -> sha256: SSTs hashed once
+        self._manifests: dict[str, Manifest] = {}  # key -> manifest: one written is never rewritten
         self.work = Path(cfg.state_dir) / ".snapshots"
 
     def stop(self) -> None:
@@ -140,7 +141,9 @@ class Snapshotter(threading.Thread):
             m = Manifest(partition=p, source_topic=self.cfg.source_topic, group=self.cfg.group_id,
                          created_ms=int(time.time() * 1000),
                          files=tuple(refs), **meta)
-            b.put_bytes(b.loc.manifest_key(p, m.created_ms), m.to_json())  # last: the snapshot is complete
+            mkey = b.loc.manifest_key(p, m.created_ms)
+            b.put_bytes(mkey, m.to_json())  # last: the snapshot is complete
+            self._manifests[mkey] = m
             self.last[p] = m.applied_offset
             self.prune(p)
         finally:
@@ -155,8 +158,14 @@ class Snapshotter(threading.Thread):
     def prune(self, p: int) -> None:
         b = self.bucket
         kept, old = snapshot.retention(b.manifests(p), self.cfg.backup_retention)
-        referenced = {b.loc.file_key(p, f.sha256) for k in kept for f in b.manifest(k, p).files}
-        files = [StoredFile(k, age) for k, age in b.list(b.loc.partition(p) + "f/")]
+        mine = b.loc.partition(p)
+        for k in [k for k in self._manifests if k.startswith(mine) and k not in kept]:
+            del self._manifests[k]  # deleted, here or by another owner: only the kept are cached
+        for k in kept:  # read once each, not at every round
+            if k not in self._manifests:
+                self._manifests[k] = b.manifest(k, p)
+        referenced = {b.loc.file_key(p, f.sha256) for k in kept for f in self._manifests[k].files}
+        files = [StoredFile(k, age) for k, age in b.list(mine + "f/")]
         gone = old + snapshot.orphans(files, referenced, grace_s=max(600.0, 2 * self.cfg.backup_interval_seconds))
         if gone:
             b.delete(gone)
