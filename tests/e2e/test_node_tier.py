@@ -347,7 +347,8 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
     log(f"eopipe verify: {res.stdout}{res.stderr}")
     rep = json.loads(res.stdout)
     assert res.returncode == 0, rep
-    assert rep["lost"] == 0 and rep["duplicated"] == 0 and rep["unique_in"] == sent["unique"] > 20000, rep
+    # The load spanned the faults (asserted above); 5 s of it at least, however quick they were.
+    assert rep["lost"] == 0 and rep["duplicated"] == 0 and rep["unique_in"] == sent["unique"] > 2800, rep
     assert rep["malformed_in"] == rep["dead_lettered"] == 20, rep
 
     # Deletion: Retain (the default) keeps the topics; Delete removes the ones it created, never
@@ -796,10 +797,18 @@ def test_spark_upgrade_modes_through_the_real_operator(node_tier):
         load.kill()
         load.wait(30)
         assert "id,n" not in _sink_forms(sink), "the refused query wrote"
-        app = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
-        time.sleep(20)  # not submitted again while the spec stays
-        assert kubectl_json("-n", ns, "get", "sparkapplication", app_name)["status"].get("executionAttempts") \
-            == app["status"].get("executionAttempts")
+        # The Spark Operator's own retry of the same spec (restartPolicy) runs; the stall holds
+        # through it (status.sparkStall), and the operator does not submit the application again.
+        uid, runs = kubectl_json("-n", ns, "get", "sparkapplication", app_name)["metadata"]["uid"], \
+            1 + RESTART_POLICY["onFailureRetries"]
+        retried = wait(lambda: (a := kubectl_json("-n", ns, "get", "sparkapplication", app_name))["status"]
+                       .get("executionAttempts") == runs and a["status"]["applicationState"]["state"]
+                       in ("RUNNING", "FAILED") and a, 300, "the Spark Operator's retry", interval=3)
+        time.sleep(15)  # a few passes on (the watch debounces 5 s)
+        assert incompatible() is not None, "the stall did not hold through the Spark Operator's retry"
+        again = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
+        assert (again["metadata"]["uid"], again["status"].get("executionAttempts")) == (uid, runs), again
+        log(f"the Spark Operator's retry {retried['status']['applicationState']['state']}; still Stalled")
 
         # fromSink: a new checkpoint generation, from where the sink's output ends (the records
         # the refused query left too), then a load of its own.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from eopipe.control.sparkstatus import CONFIG_EXIT, DriverExit, driver_exits, judge
+from eopipe.control.sparkstatus import (CONFIG_EXIT, INCOMPATIBLE, DriverExit, driver_exits, judge, kept_stall,
+                                       spec_key, stall_record)
 from eopipe.control.status import summarize
 
 SPARK_SAYS = ("invalid spark_app config:\n  - sql: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or "
@@ -101,3 +102,47 @@ def test_driver_exits_from_pods():
             _pod("istio-proxy", _terminated(1, "sidecar"))]
     assert driver_exits(pods) == (DriverExit(2, SPARK_SAYS), DriverExit(137, ""))
     assert driver_exits([client.V1Pod(status=None)]) == ()
+
+
+KEY = spec_key({"mainApplicationFile": "local:///opt/eopipe/spark_app/main.py", "arguments": ["{}"]})
+REFUSED = [DriverExit(CONFIG_EXIT, "checkpoint refused: the changed query's state does not fit; upgradeMode "
+                                   "fromSink would run it")]
+
+
+# the application after a stall was recorded for the spec it has -> still Stalled, resubmitted?
+KEPT = [
+    ("PENDING_RERUN", "", ()),       # the Spark Operator's one retry of the same spec
+    ("SUBMITTED", "", ()),
+    ("RUNNING", "", ()),             # a refused checkpoint fails only once records arrive
+    ("FAILED", OOM, ()),             # the retry died otherwise: the spec is still the stalled one
+]
+
+
+@pytest.mark.parametrize("state, error, drivers", KEPT)
+def test_a_recorded_stall_holds_while_the_spark_operator_retries_the_same_spec(state, error, drivers):
+    first = judge(app("FAILING", KUBEFLOW_2), REFUSED)
+    assert first.stalled is not None and first.stalled.reason == INCOMPATIBLE
+    record = stall_record(first.stalled, KEY)
+    v = judge(app(state, error), drivers, kept_stall(record, KEY))
+    assert v.stalled == first.stalled and not v.resubmit
+    assert (v.condition.status, v.condition.reason) == (False, "SparkFailed")
+    assert "upgradeMode fromSink" in v.condition.message
+
+
+@pytest.mark.parametrize("recorded", [
+    None,
+    {"spec": "another spec", "reason": INCOMPATIBLE, "message": "m"},  # the spec changed: a new try
+    {"spec": KEY, "reason": "Ready", "message": "m"},                   # not a stall this writes
+    {"spec": KEY, "reason": INCOMPATIBLE, "message": 7},
+    ["not", "a", "record"],
+])
+def test_no_stall_is_kept_for_another_spec_or_a_malformed_record(recorded):
+    assert kept_stall(recorded, KEY) is None
+    assert judge(app("RUNNING"), (), kept_stall(recorded, KEY)).condition.status is True
+
+
+def test_the_record_is_the_stall_and_its_spec_and_none_without_one():
+    assert stall_record(None, KEY) is None
+    c = judge(app("FAILED", STAND_IN_2)).stalled
+    assert kept_stall(stall_record(c, KEY), KEY) == c
+    assert spec_key({"b": 1, "a": [2]}) == spec_key({"a": [2], "b": 1}) != spec_key({"a": [3], "b": 1})

@@ -21,6 +21,12 @@ a query with no checkpoint over a sink a stateful query wrote to (a lost checkpo
 are such an exit too: the driver's words start with CHECKPOINT_REFUSED (spark_app/upgrade.py) and
 name the upgradeMode that would run; Stalled with reason CheckpointIncompatible, with those words.
 
+Such a stall holds until the spec changes, whatever the application does meanwhile: the Spark
+Operator still runs its one retry of the same spec (restartPolicy), and that driver is RUNNING
+until it fails the same way (a refused checkpoint: when records arrive, which may be never). So
+the stall is recorded in status.sparkStall with a digest of the SparkApplication's spec
+(`spec_key`), and a pass that finds the record for the spec it would write stays Stalled.
+
 Any other failure is worth retrying: while the Spark Operator retries (FAILING, PENDING_RERUN) the
 stage is Degraded; once it has given up (FAILED), or the driver ended with status 0 (SIGTERM on
 an eviction: a streaming query has no end of its own, and OnFailure does not restart a success),
@@ -30,6 +36,8 @@ checkpoint (sparkstage.plan waits until no driver of the old one runs).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Iterable
@@ -66,7 +74,34 @@ def _flat(text: str) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip())[:_MAX_MESSAGE]
 
 
-def judge(app: dict | None, drivers: Iterable[DriverExit] = ()) -> Verdict:
+def spec_key(spec: dict) -> str:
+    """A digest of the SparkApplication's spec as the operator builds it (status.sparkStall)."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def stall_record(stalled: Condition | None, key: str) -> dict | None:
+    """status.sparkStall: the stall and the spec it holds for (None: no stall)."""
+    return None if stalled is None else {"spec": key, "reason": stalled.reason, "message": stalled.message}
+
+
+def kept_stall(recorded, key: str) -> Condition | None:
+    """The recorded stall, when it was recorded for the spec `key` the pass would write."""
+    if (isinstance(recorded, dict) and recorded.get("spec") == key
+            and recorded.get("reason") in (INCOMPATIBLE, "SparkFailed")
+            and isinstance(recorded.get("message"), str)):
+        return Condition("Stalled", True, recorded["reason"], recorded["message"][:_MAX_MESSAGE])
+    return None
+
+
+def judge(app: dict | None, drivers: Iterable[DriverExit] = (), kept: Condition | None = None) -> Verdict:
+    """kept: this spec's recorded stall (`kept_stall`); it holds whatever the application does."""
+    verdict = _judge(app, drivers)
+    if kept is None or verdict.stalled is not None:
+        return verdict
+    return Verdict(verdict.state, Condition("ProcessingReady", False, "SparkFailed", kept.message), kept)
+
+
+def _judge(app: dict | None, drivers: Iterable[DriverExit]) -> Verdict:
     app_state = ((app or {}).get("status") or {}).get("applicationState") or {}
     state, err = app_state.get("state") or "NEW", _flat(app_state.get("errorMessage") or "")
     if state == "RUNNING":

@@ -60,13 +60,16 @@ def run(p: Pass) -> Condition:
         out.fields["sparkApplicationState"] = None  # no application of this spec runs
         stage_progress.forget(ns, p.meta["name"])  # paused: no stale figures for the alerts
         return plan.condition
-    verdict = sparkstatus.judge(app, sparkstatus.driver_exits(drivers))
+    key = sparkstatus.spec_key(application["spec"])
+    kept = sparkstatus.kept_stall((owner.get("status") or {}).get("sparkStall"), key)
+    verdict = sparkstatus.judge(app, sparkstatus.driver_exits(drivers), kept)
     out.fields["sparkApplicationState"] = verdict.state
+    out.fields["sparkStall"] = sparkstatus.stall_record(verdict.stalled, key)
     if verdict.stalled is not None:
         out.stalled = verdict.stalled
     if verdict.resubmit:
         _delete(plane.api, name, ns)
-    if verdict.state == "RUNNING":  # what the driver says of its query (status.processing)
+    if verdict.state == "RUNNING" and verdict.stalled is None:  # what the driver says of its query
         return stage_progress.observe(p, drivers, verdict.condition)
     return verdict.condition
 
