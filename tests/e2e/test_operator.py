@@ -93,6 +93,9 @@ def test_partition_decrease_is_refused_by_the_api_server(crds, k8s_namespace):
     doc["spec"]["source"]["partitions"] = 2
     res = kubectl_apply(crds, k8s_namespace, doc, check=False)
     assert res.returncode != 0 and "may not decrease" in res.stderr, res.stderr
+    # Refused at admission: the stored spec (what a running operator reconciles) is unchanged.
+    stored = kubectl(crds, "get", "eop", "minimal", "-n", k8s_namespace, "-o", "jsonpath={.spec.source.partitions}")
+    assert stored.stdout == "4", stored.stdout
 
 
 def test_changes_are_applied_and_drift_is_repaired(operator, kube_api, kafka_bootstrap, k8s_namespace):

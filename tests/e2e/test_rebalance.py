@@ -1,10 +1,12 @@
 """Rebalancing with state migration through the operator (docs/design.md#rebalancing), under
 load with duplicates: real control plane, node agent, Kafka, the operator as a process. Replicas
 1 -> 3 -> 2 -> 4 (the 3 -> 2 through the scale subresource), SIGKILL of the old owner mid-handoff
-and of the new owner after ingest, the operator killed mid-rebalance, a decrease refused. Each
-test ends in verify with lost=0 and duplicated=0. Partition growth under load with duplicates
-spanning the change is proved by the workers (tests/integration/test_rebalance_workers.py), the
-soak, and on the node tier (test_node_tier.py 4 -> 6, the demo 8 -> 12).
+and of the new owner after ingest, the operator killed mid-rebalance. Each test ends in verify
+with lost=0 and duplicated=0. A partition decrease is refused at admission, before the operator
+sees it (test_operator.py::test_partition_decrease_is_refused_by_the_api_server). Partition
+growth under load with duplicates spanning the change is proved by the workers
+(tests/integration/test_rebalance_workers.py), the soak, and on the node tier (test_node_tier.py
+4 -> 6, the demo 8 -> 12).
 """
 
 from __future__ import annotations
@@ -126,19 +128,3 @@ def test_operator_killed_in_the_middle_of_rebalances(operator, kube_api, kafka_b
     started = [e.message or "" for e in client.CoreV1Api(kube_api).list_namespaced_event(
         k8s_namespace, field_selector=f"involvedObject.name={p.name}").items if e.reason == "RebalanceStarted"]
     assert all(m.startswith((f"rebalance {lr['id']} ", f"rebalance {rb['id']} ")) for m in started), started
-
-
-@pytest.mark.k8s
-def test_partition_decrease_refused_while_the_pipeline_keeps_running(
-        operator, kube_api, kafka_bootstrap, k8s_namespace):
-    p = Pipe(operator, kube_api, kafka_bootstrap, k8s_namespace, **{"dedup.replicas": 2})
-    p.wait_settled()
-    load = Load(kafka_bootstrap, p.topic, 15_000, rate=1000, seed=35)
-    time.sleep(2)
-    res = p.set(check=False, **{"source.partitions": 2})
-    assert res.returncode != 0 and "may not decrease" in res.stderr, res.stderr
-    stats = load.finish()
-    p.wait_drained()
-    assert_verified(p.verify(), stats["unique"])
-    obj = p.get()
-    assert obj["status"]["phase"] == "Running" and obj["spec"]["source"]["partitions"] == 4
