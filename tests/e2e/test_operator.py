@@ -455,13 +455,12 @@ os._exit(9)  # gone with its transaction open: nothing aborts it for 15 minutes
 """
 
 
-@pytest.mark.parametrize("role, field", [("deduped", "transactions"), ("source", "sourceTransactions")])
-def test_a_hanging_transaction_makes_the_pipeline_degraded(
-        operator, kube_api, kafka_bootstrap, k8s_namespace, role, field):
-    """An open transaction that nothing ends holds every read_committed reader of the output (or
-    of the source: the dedup stage's own consumer): status says where (topic, partition, start
-    offset) and how to abort it, the pipeline is Degraded, a metric shows its age; once it is
-    aborted the pipeline is Ready again."""
+def test_hanging_transactions_make_the_pipeline_degraded(operator, kube_api, kafka_bootstrap, k8s_namespace):
+    """Open transactions that nothing ends, one on the output and one on the source (it holds the
+    dedup stage's own read_committed consumer), together so that one wait past the threshold
+    serves both: status says where (topic, partition, start offset) and how to abort each, the
+    pipeline is Degraded, a metric shows the age of the oldest; it stays Degraded while either is
+    open and is Ready again once both are aborted."""
     import subprocess
     import sys
     import urllib.request
@@ -472,27 +471,41 @@ def test_a_hanging_transaction_makes_the_pipeline_degraded(
     kubectl_apply(operator.cp, ns, example_manifest("minimal.yaml", kafka_bootstrap,
                                                     **{"source.topic": unique_topic("txn", ns)}))
     obj = wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 180, what="Ready=True")
-    topic = obj["status"]["topics"][role]
-    txid = f"stuck-{ns}"
-    subprocess.run([sys.executable, "-c", _HANGING_PRODUCER, kafka_bootstrap, topic, txid], timeout=60)
+    hung = {"transactions": obj["status"]["topics"]["deduped"], "sourceTransactions": obj["status"]["topics"]["source"]}
+    for field, topic in hung.items():
+        subprocess.run([sys.executable, "-c", _HANGING_PRODUCER, kafka_bootstrap, topic, f"stuck-{field}-{ns}"],
+                       timeout=60)
 
-    def degraded():
-        o = get_pipeline(kube_api, ns, "minimal")
-        return o.get("status", {}).get("phase") == "Degraded" and o
-    obj = wait_for(degraded, 120, what="phase Degraded")
-    dedup = condition(obj, "DedupReady")
-    assert dedup["reason"] == "HangingTransaction", dedup
-    start = obj["status"][field]["0"]["lastStableOffset"]
-    assert f"abort --topic {topic} --partition 0 --start-offset {start}" in dedup["message"], dedup
+    def degraded_by(field):
+        """Degraded, the message naming the abort of `field`'s transaction at its start offset."""
+        def check():
+            o = get_pipeline(kube_api, ns, "minimal")
+            st = o.get("status") or {}
+            dedup = condition(o, "DedupReady")
+            start = (st.get(field) or {}).get("0", {}).get("lastStableOffset")
+            return (st.get("phase") == "Degraded" and dedup.get("reason") == "HangingTransaction" and start is not None
+                    and f"abort --topic {hung[field]} --partition 0 --start-offset {start}" in dedup["message"]
+                    and (o, dedup["message"]))
+        return check
+    # The output's is named first, the source's counted with it.
+    obj, message = wait_for(lambda: (r := degraded_by("transactions")()) and "(and 1 more)" in r[1] and r, 120,
+                            what="phase Degraded by both transactions")
+    assert obj["status"]["sourceTransactions"]["0"]["lastStableOffset"] >= 0, obj["status"]
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}/metrics", timeout=10).read().decode()
     age = [float(line.split()[-1]) for line in metrics.splitlines()
            if line.startswith("eopipe_operator_open_transaction_seconds") and f'namespace="{ns}"' in line]
     assert age and age[0] >= 15, age
 
-    # The producer's successor (same transactional.id) fences it and aborts what it left open.
-    Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": txid}).init_transactions(30)
-    obj = wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 120, what="Ready again once aborted")
-    assert obj["status"][field] == {}
+    # Each producer's successor (same transactional.id) fences it and aborts what it left open:
+    # the output's first, and the source's still holds the pipeline Degraded.
+    Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"stuck-transactions-{ns}"}).init_transactions(30)
+    obj, _ = wait_for(lambda: (r := degraded_by("sourceTransactions")()) and r[0]["status"]["transactions"] == {}
+                      and r, 120, what="Degraded by the source's transaction alone")
+    assert "(and" not in condition(obj, "DedupReady")["message"]
+    Producer({"bootstrap.servers": kafka_bootstrap,
+              "transactional.id": f"stuck-sourceTransactions-{ns}"}).init_transactions(30)
+    obj = wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 120, what="Ready again once both are aborted")
+    assert obj["status"]["transactions"] == {} and obj["status"]["sourceTransactions"] == {}
 
 
 def test_operator_health_and_metrics(operator, kube_api, kafka_bootstrap, k8s_namespace):
