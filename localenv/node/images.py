@@ -48,6 +48,11 @@ ADDONS = ("coredns", "local-path-provisioner", "kube-network-policies")
 SPARK_OPERATOR_BIN = "/usr/bin/spark-operator"
 
 
+def archive_path(ref: str) -> Path:
+    """Where the docker-archive of `ref` is cached."""
+    return CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
+
+
 def _hash(*parts: bytes) -> str:
     h = hashlib.sha256()
     for p in parts:
@@ -110,7 +115,7 @@ def _binary_image(b: Buildah, name: str, binary: Path, key: str) -> tuple[str, P
     image, and the node's add-ons: CoreDNS, local-path-provisioner, kube-network-policies, whose
     DaemonSet runs it as root). Cached by `key`."""
     ref = f"localhost/eopipe-{name}:{key}"
-    dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
+    dest = archive_path(ref)
     if dest.exists():
         return ref, dest
     _log(f"building {ref}")
@@ -197,7 +202,7 @@ def dockerfile_image(b: Buildah, target: str, inputs: tuple[str, ...]) -> tuple[
 def _bud(b: Buildah, base: str, target: str, ref: str, name: str, context) -> tuple[str, Path]:
     """`buildah bud` of the Dockerfile target in the directory context() gives (called only when
     the archive is not cached), archived; older images of `name` pruned."""
-    dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
+    dest = archive_path(ref)
     if dest.exists():
         return ref, dest
     _log(f"building {ref} from the Dockerfile, target {target} (FROM {base})")
@@ -228,6 +233,38 @@ def commit_app_image(commit: str) -> tuple[str, Path]:
         return _bud(b, base, "operator", ref, name, lambda: tree_at(commit, Path(tmp)))
 
 
+# What the Spark image holds besides spark_app: Spark and its jars (the pyspark pin, the Maven
+# pom), Java and the entrypoint (the Dockerfile).
+SPARK_RUNTIME = ("Dockerfile", "hack/spark/pom.xml", "hack/spark/entrypoint.sh")
+_PYSPARK_PIN = re.compile(r'"pyspark==[^"]+"')
+
+
+def commit_spark_image(commit: str, current: str) -> tuple[str, Path]:
+    """The Spark image as of `commit` (full hash), for the upgrade test's earlier Spark stage:
+    `current` (this tree's Spark image, in buildah's store) with that commit's spark_app, which
+    is all a build of that tree would change while the pyspark pin and SPARK_RUNTIME are the same
+    at both commits. Checked: a difference raises, as this does not rebuild Spark."""
+    if not re.fullmatch(r"[0-9a-f]{40}", commit):
+        raise ValueError(f"a full commit hash, not {commit!r}")
+    changed = subprocess.run(["git", "-C", str(REPO_ROOT), "diff", "--name-only", commit, "--", *SPARK_RUNTIME],
+                             check=True, capture_output=True, text=True).stdout.split()
+    pins = {_PYSPARK_PIN.findall(text)[0] for text in (
+        subprocess.run(["git", "-C", str(REPO_ROOT), "show", f"{commit}:pyproject.toml"], check=True,
+                       capture_output=True, text=True).stdout, (REPO_ROOT / "pyproject.toml").read_text())}
+    if changed or len(pins) != 1:
+        raise ValueError(f"the Spark image as of {commit[:12]} differs from this tree's in more than spark_app "
+                         f"({', '.join(changed + sorted(pins))}): it needs a full build")
+    name = "eopipe-spark-prev"
+    ref = f"localhost/{name}:{_hash(current.encode(), b'spark_app', commit.encode())}"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    b = Buildah()
+    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
+        def steps(ctr: str) -> None:
+            b("run", "--isolation", "chroot", "--user", "0:0", ctr, "--", "rm", "-rf", "/opt/eopipe/spark_app")
+            b("copy", "--quiet", ctr, str(tree_at(commit, Path(tmp), "spark_app") / "spark_app"), "/opt/eopipe/spark_app")
+        return _on_top(b, (current, archive_path(current)), ref, name, steps)
+
+
 def tree_at(commit: str, dest: Path, *paths: str) -> Path:
     """The repository's files (or those under `paths`) as of `commit`, written into `dest`."""
     archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar", commit, *paths], check=True,
@@ -251,19 +288,27 @@ def spark_operator_image(b: Buildah, spark: tuple[str, Path]) -> tuple[str, Path
     out = subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), "spark-operator"], check=True,
                          text=True, stdout=subprocess.PIPE).stdout.split()
     binary = Path(out[-1]) / "spark-operator"
-    spark_ref, spark_tar = spark
+    spark_ref = spark[0]
     name = "eopipe-spark-operator"
     ref = f"localhost/{name}:{_hash(spark_ref.encode(), binary.read_bytes(), SPARK_OPERATOR_BIN.encode())}"
-    dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
-    if dest.exists():
-        return ref, dest
-    _log(f"building {ref} FROM {spark_ref}")
-    if not b.has_image(spark_ref):  # the archive outlived buildah's store
-        b("pull", "--quiet", f"docker-archive:{spark_tar}")
-    ctr = b("from", "--quiet", "--pull=never", spark_ref, capture=True)
-    try:
+    def steps(ctr: str) -> None:
         b("copy", "--quiet", "--chmod", "0755", ctr, str(binary), SPARK_OPERATOR_BIN)
         b("config", "--entrypoint", json.dumps(["/usr/bin/tini", "-s", "--", SPARK_OPERATOR_BIN]), ctr)
+    return _on_top(b, spark, ref, name, steps)
+
+
+def _on_top(b: Buildah, under: tuple[str, Path], ref: str, name: str, steps) -> tuple[str, Path]:
+    """`ref`: the image `under` (ref, archive) with what steps(container) does, archived and
+    cached; older images of `name` pruned."""
+    dest = archive_path(ref)
+    if dest.exists():
+        return ref, dest
+    _log(f"building {ref} FROM {under[0]}")
+    if not b.has_image(under[0]):  # the archive outlived buildah's store
+        b("pull", "--quiet", f"docker-archive:{under[1]}")
+    ctr = b("from", "--quiet", "--pull=never", under[0], capture=True)
+    try:
+        steps(ctr)
         b("commit", "--quiet", ctr, ref)
     finally:
         b("rm", ctr)
@@ -287,7 +332,7 @@ def _prune(b: Buildah, name: str, ref: str, dest: Path) -> None:
 def base_archive(b: Buildah) -> tuple[str, Path]:
     """The base as an image of the node: local-path-provisioner's helper pods run its shell."""
     ref = base_image(b)
-    dest = CACHE / f"{ref.split('/')[-1].replace(':', '-')}.tar"
+    dest = archive_path(ref)
     return ref, dest if dest.exists() else b.archive(ref, dest)
 
 

@@ -26,14 +26,14 @@ from eopipe.control.builders import access as access_builders
 from eopipe.control.builders import dedup as dedup_builders
 from eopipe.control.builders.spark import RESTART_POLICY
 from eopipe.core.kafkaconf import OPT_IN
-from eopipe.core.names import LABEL_PIPELINE, Names
+from eopipe.core.names import LABEL_COMPONENT, LABEL_PIPELINE, Names
 from eopipe.core.processing import DEFAULT_MOUNT_PATH as MOUNT_PATH
 from eopipe.core.spec import PipelineSpec
 from localenv import REPO_ROOT
 from localenv.node import NETNS, NETPOL_STATUS, NODE_NAME, POD_CIDR
 from localenv.node.__main__ import kill_container, kubectl_argv
 from localenv.node.host import shim_sockets
-from localenv.node.images import commit_app_image, tree_at
+from localenv.node.images import commit_app_image, commit_spark_image, tree_at
 from tests.helpers import nodetier
 from tests.helpers.docs import sh_blocks
 from tests.helpers.manifests import differences
@@ -229,7 +229,8 @@ PREVIOUS = "ebd4bedf8db71f1e23992e9ee3983f6e4df8417c"
 
 def _pod_lives(ns: str, name: str) -> subprocess.Popen:
     """A watch of the pipeline's dedup pods: one line per change, name, uid and restart count."""
-    return subprocess.Popen(kubectl_argv("-n", ns, "get", "pods", "-l", f"{LABEL_PIPELINE}={name}", "--watch",
+    return subprocess.Popen(kubectl_argv("-n", ns, "get", "pods", "-l", f"{LABEL_PIPELINE}={name},{LABEL_COMPONENT}=dedup",
+                                         "--watch",
                                          "--no-headers", "-o", "custom-columns=N:.metadata.name,U:.metadata.uid,"
                                          "R:.status.containerStatuses[0].restartCount"),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
@@ -247,10 +248,10 @@ def _restarts_seen(lines: str) -> dict[str, int]:
 
 def _upgrade_operator(helm_bin: str, ns: str, name: str, images: dict) -> None:
     """docs/install.md's upgrade, mid-load: the CRD first (server-side), then `helm upgrade` to
-    this tree's chart and image. The pipeline written as v1alpha1 reads back as v1beta1 (and
-    still as v1alpha1), and each dedup pod is replaced or restarted at most once (the one
-    rollout the new image makes)."""
-    (repo, tag) = images["app"].rsplit(":", 1)
+    this tree's chart and images. The pipeline written as v1alpha1 reads back as v1beta1 (and
+    still as v1alpha1), each dedup pod is replaced or restarted at most once (the one rollout the
+    new image makes), and a driver of the new Spark image runs the query."""
+    (repo, tag), (spark_repo, spark_tag) = images["app"].rsplit(":", 1), images["spark"].rsplit(":", 1)
     watch = _pod_lives(ns, name)
     try:
         t = time.monotonic()
@@ -259,6 +260,7 @@ def _upgrade_operator(helm_bin: str, ns: str, name: str, images: dict) -> None:
         try:
             helm(helm_bin, "upgrade", "eopipe", str(REPO_ROOT / "charts" / "eopipe"), "-n", "eopipe-system",
                  "--reset-then-reuse-values", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+                 "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
                  "--wait", "--timeout", "180s")
         except AssertionError:
             log(f"the operator after the failed upgrade:\n{kubectl('-n', 'eopipe-system', 'describe', 'pods')}\n"
@@ -272,8 +274,13 @@ def _upgrade_operator(helm_bin: str, ns: str, name: str, images: dict) -> None:
                              "jsonpath={.spec.template.spec.containers[0].image}") == images["app"],
              180, "the new operator's image in the dedup StatefulSet")
         kubectl("-n", ns, "rollout", "status", f"statefulset/{name}-dedup", "--timeout=300s", timeout=320)
+        driver = f"{name}-spark-driver"
+        wait(lambda: kubectl("-n", ns, "get", "pod", driver, "-o", "jsonpath={.spec.containers[0].image}",
+                             check=False) == images["spark"] and _driver_says(ns, f"{name}-spark", "streaming query running"),
+             400, "a driver of the new Spark image running the query")
         wait(lambda: _settled(ns, name), 180, "the pipeline Ready after the upgrade")
-        log(f"upgrade: dedup pods rolled, pipeline Ready, {time.monotonic() - t:.0f}s after the CRD")
+        log(f"upgrade: dedup pods rolled, a new driver's query running, pipeline Ready, "
+            f"{time.monotonic() - t:.0f}s after the CRD")
     finally:
         watch.terminate()
     seen = _restarts_seen(watch.communicate(timeout=30)[0])
@@ -282,35 +289,46 @@ def _upgrade_operator(helm_bin: str, ns: str, name: str, images: dict) -> None:
 
 
 def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
-    """As a user installs, upgrades and runs it: `helm install` of charts/eopipe, the CRD and
-    the image as of PREVIOUS (v1alpha1 only), `kubectl apply` of that commit's
-    examples/minimal.yaml (v1alpha1; its Kafka is kafka.kafka.svc), dedup pods on the kubelet
-    with claims from the provisioner, scaled 1 -> 2. Under duplicated load: the operator
-    upgraded to this tree (CRD, then helm upgrade); a pod force-deleted, a container killed
-    under the kubelet; then 2 -> 3 -> 2 pods, 4 -> 6 source partitions, and `eopipe verify`
-    reads source and output: nothing lost, nothing twice. A second pipeline (Delete) checks
-    deletion and that `eopipe render` is what the upgraded operator applies."""
+    """As a user installs, upgrades and runs it: `helm install` of charts/eopipe, the CRD and the
+    images as of PREVIOUS (v1alpha1 only), `kubectl apply` of that commit's examples/payments.yaml
+    (v1alpha1; its Kafka is kafka.kafka.svc; its source, sink and replicas set for this node):
+    dedup pods on the kubelet with claims from the provisioner, scaled 1 -> 2, and its Spark
+    stage through the Spark Operator. Under duplicated load: the operator upgraded to this tree
+    (CRD, then helm upgrade, the Spark image with it: a new driver on the old one's checkpoint
+    and sink markers); a dedup pod force-deleted, a container killed under the kubelet; then
+    2 -> 3 -> 2 pods, 4 -> 6 source partitions, and `eopipe verify` of both stages: nothing
+    lost, nothing twice. A second pipeline (Delete) checks deletion and that `eopipe render` is
+    what the upgraded operator applies."""
     helm_bin = _helm_bin()
     t = time.monotonic()
     old_image, archive = commit_app_image(PREVIOUS)
+    old_spark, spark_archive = commit_spark_image(PREVIOUS, node_tier["spark"])
     nodetier.import_image(archive)
-    old = tree_at(PREVIOUS, tmp_path, "charts/eopipe", "examples/minimal.yaml")
-    log(f"{old_image} (the operator as of {PREVIOUS[:12]}) on the node in {time.monotonic() - t:.0f}s")
+    nodetier.import_image(spark_archive)
+    old = tree_at(PREVIOUS, tmp_path, "charts/eopipe", "examples/payments.yaml")
+    log(f"{old_image} and {old_spark} (as of {PREVIOUS[:12]}) on the node in {time.monotonic() - t:.0f}s")
     # An earlier test's uninstall leaves the current CRD, which helm install would keep: start
     # from the old chart's.
     kubectl("delete", "crd", "exactlyoncepipelines.eopipe.dev", "--ignore-not-found", "--timeout=60s")
-    (repo, tag), (spark_repo, spark_tag) = old_image.rsplit(":", 1), node_tier["spark"].rsplit(":", 1)
+    (repo, tag), (spark_repo, spark_tag) = old_image.rsplit(":", 1), old_spark.rsplit(":", 1)
     t = time.monotonic()
     helm(helm_bin, "install", "eopipe", str(old / "charts" / "eopipe"), "-n", "eopipe-system",
          "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
          "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
          "--wait", "--timeout", "180s")
     log(f"helm install (as of {PREVIOUS[:12]}): operator available in {time.monotonic() - t:.0f}s")
-    ns, name = "default", "minimal"
-    manifest = (old / "examples" / "minimal.yaml").read_text()
+    ns, name, sink = "default", "payments", "events-enriched"
+    manifest = (old / "examples" / "payments.yaml").read_text()
     assert "apiVersion: eopipe.dev/v1alpha1" in manifest
-    kubectl("-n", ns, "apply", "-f", "-", input=manifest)
-    wait(lambda: _settled(ns, name), 180, "the pipeline Ready")
+    doc = yaml.safe_load(manifest)
+    doc["spec"]["source"].update(topic="events", partitions=4)
+    doc["spec"]["dedup"]["replicas"] = 1
+    doc["spec"]["sink"]["kafka"] = {"topic": sink, "partitions": 4}
+    kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+    t = time.monotonic()
+    wait(lambda: _settled(ns, name) and _driver_says(ns, f"{name}-spark", "streaming query running"), 400,
+         "the pipeline Ready, its streaming query running")
+    log(f"{name} Ready, its query running in {time.monotonic() - t:.0f}s")
     _rescale(ns, name, ["scale", "exactlyoncepipeline", name, "--replicas=2"], "scale 1 -> 2")
 
     # The malformed records first (a load stopped early would send only some), then a load that
@@ -318,15 +336,12 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
     poison = eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", "events", "--count", "0", "--poison", "20",
                     "--seed", "14", "--quiet", "--json")
     assert poison.returncode == 0, poison.stderr
-    load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", "events",
-                                    "--count", "1000000", "--rate", "800", "--dup-ratio", "0.3",
-                                    "--seed", "14", "--quiet", "--json"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    load = _load("events", "1000000", "800", "14")
     _upgrade_operator(helm_bin, ns, name, node_tier)
     kubectl("-n", ns, "delete", "pod", f"{name}-dedup-0", "--grace-period=0", "--force")
-    log("deleted pod minimal-dedup-0 (--grace-period=0 --force)")
+    log(f"deleted pod {name}-dedup-0 (--grace-period=0 --force)")
     time.sleep(4)
-    log(f"killed the container of minimal-dedup-1 under the kubelet: {kill_container(ns, f'{name}-dedup-1')[:12]}")
+    log(f"killed the container of {name}-dedup-1 under the kubelet: {kill_container(ns, f'{name}-dedup-1')[:12]}")
     wait(lambda: _restarts(ns, f"{name}-dedup-1") >= 1 and _ready_pods(ns, name) == 2 and _settled(ns, name),
          240, "both pods back and the pipeline Ready after the pod faults")
     log("both pods back, pipeline Ready")
@@ -342,19 +357,16 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
                         "-p", '{"spec": {"source": {"partitions": 6}}}'], "source partitions 4 -> 6")
 
     log(f"kubectl get pods -A -o wide\n{kubectl('get', 'pods', '-A', '-o', 'wide')}")
-    res = eopipe("verify", "--bootstrap", BOOTSTRAP, "--source", "events", "--output", f"{ns}.{name}.deduped",
-                 "--dlq", f"{ns}.{name}.dlq", "--json", "--timeout", "400")
-    log(f"eopipe verify: {res.stdout}{res.stderr}")
-    rep = json.loads(res.stdout)
-    assert res.returncode == 0, rep
+    rep = _verify_both_stages(ns, name, "events", sink)["dedup stage"]
     # The load spanned the faults (asserted above); 5 s of it at least, however quick they were.
-    assert rep["lost"] == 0 and rep["duplicated"] == 0 and rep["unique_in"] == sent["unique"] > 2800, rep
+    assert rep["unique_in"] == sent["unique"] > 2800, rep
     assert rep["malformed_in"] == rep["dead_lettered"] == 20, rep
 
     # Deletion: Retain (the default) keeps the topics; Delete removes the ones it created, never
     # the adopted source.
-    kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=120s")
-    assert {"events", f"{ns}.{name}.deduped", f"{ns}.{name}.dlq"} <= topics()
+    _delete_spark_pipeline(ns, name)
+    assert {"events", f"{ns}.{name}.deduped", f"{ns}.{name}.dlq", sink} <= topics()
+    name = "minimal"
     kubectl("create", "namespace", "team-b")
     doc = yaml.safe_load((REPO_ROOT / "examples" / "minimal.yaml").read_text())
     doc["spec"].update(deletionPolicy="Delete", source={"topic": "events", "partitions": 6})
