@@ -6,8 +6,9 @@ import pytest
 from kubernetes import client
 
 from eopipe.control.sparkstatus import (CONFIG_EXIT, INCOMPATIBLE, DriverExit, driver_exits, judge, kept_stall,
-                                       spec_key, stall_record)
+                                       stall_key, stall_record)
 from eopipe.control.status import summarize
+from eopipe.core.names import LABEL_SPARK_SPEC
 
 SPARK_SAYS = ("invalid spark_app config:\n  - sql: [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or "
               "function parameter with name `nope` cannot be resolved. SQLSTATE: 42703")
@@ -85,8 +86,9 @@ def test_long_messages_are_cut():
     assert len(v.condition.message) < 2000
 
 
-def _pod(name, state=None, last=None):
-    return client.V1Pod(status=client.V1PodStatus(container_statuses=[client.V1ContainerStatus(
+def _pod(name, state=None, last=None, spec=None):
+    return client.V1Pod(metadata=client.V1ObjectMeta(labels={LABEL_SPARK_SPEC: spec} if spec else None),
+                        status=client.V1PodStatus(container_statuses=[client.V1ContainerStatus(
         name=name, image="i", image_id="", ready=False, restart_count=0, state=state, last_state=last)]))
 
 
@@ -95,54 +97,75 @@ def _terminated(code, message=None):
 
 
 def test_driver_exits_from_pods():
-    pods = [_pod("spark-kubernetes-driver", _terminated(2, SPARK_SAYS)),
+    pods = [_pod("spark-kubernetes-driver", _terminated(2, SPARK_SAYS), spec="abc"),
             _pod("spark-kubernetes-driver", client.V1ContainerState(running=client.V1ContainerStateRunning()),
                  _terminated(137)),
             _pod("spark-kubernetes-driver", client.V1ContainerState(running=client.V1ContainerStateRunning())),
             _pod("istio-proxy", _terminated(1, "sidecar"))]
-    assert driver_exits(pods) == (DriverExit(2, SPARK_SAYS), DriverExit(137, ""))
+    assert driver_exits(pods) == (DriverExit(2, SPARK_SAYS, "abc"), DriverExit(137, ""))
     assert driver_exits([client.V1Pod(status=None)]) == ()
 
 
-KEY = spec_key({"mainApplicationFile": "local:///opt/eopipe/spark_app/main.py", "arguments": ["{}"]})
-REFUSED = [DriverExit(CONFIG_EXIT, "checkpoint refused: the changed query's state does not fit; upgradeMode "
-                                   "fromSink would run it")]
+SPEC, OLD = "d1gest0f1tsspec0", "d1gest0fanother0"  # LABEL_SPARK_SPEC of this spec's pods, of an older one's
+KEY = stall_key("uid-1", SPEC)
+REFUSED = (DriverExit(CONFIG_EXIT, "checkpoint refused: the changed query's state does not fit; upgradeMode "
+                                   "fromSink would run it", SPEC),)
 
 
-# the application after a stall was recorded for the spec it has -> still Stalled, resubmitted?
+# the first failed run's status and pods -> Stalled, recorded for this application
+RECORDS = [
+    ("FAILING", KUBEFLOW_2, REFUSED, True, True),
+    ("PENDING_RERUN", "", REFUSED, True, True),
+    # only the status says exit 2: it may still be the run before a change, so not recorded
+    ("FAILED", KUBEFLOW_2, (), True, False),
+    # the old spec's driver pod, still there after a change: not this spec's failure at all
+    ("PENDING_RERUN", "", (DriverExit(CONFIG_EXIT, "checkpoint refused: ...", OLD),), False, False),
+    ("RUNNING", "", (DriverExit(CONFIG_EXIT, "checkpoint refused: ...", OLD),), False, False),
+]
+
+
+@pytest.mark.parametrize("state, error, drivers, stalled, recorded", RECORDS)
+def test_only_a_driver_pod_of_this_spec_records_a_stall(state, error, drivers, stalled, recorded):
+    v = judge(app(state, error), drivers, None, SPEC)
+    assert (v.stalled is not None, v.recorded) == (stalled, recorded)
+
+
+# the application after a stall was recorded for it -> still Stalled, resubmitted?
 KEPT = [
     ("PENDING_RERUN", "", ()),       # the Spark Operator's one retry of the same spec
     ("SUBMITTED", "", ()),
     ("RUNNING", "", ()),             # a refused checkpoint fails only once records arrive
     ("FAILED", OOM, ()),             # the retry died otherwise: the spec is still the stalled one
+    ("FAILED", OOM, (DriverExit(137, "", SPEC),)),
 ]
 
 
 @pytest.mark.parametrize("state, error, drivers", KEPT)
 def test_a_recorded_stall_holds_while_the_spark_operator_retries_the_same_spec(state, error, drivers):
-    first = judge(app("FAILING", KUBEFLOW_2), REFUSED)
-    assert first.stalled is not None and first.stalled.reason == INCOMPATIBLE
-    record = stall_record(first.stalled, KEY)
-    v = judge(app(state, error), drivers, kept_stall(record, KEY))
-    assert v.stalled == first.stalled and not v.resubmit
+    first = judge(app("FAILING", KUBEFLOW_2), REFUSED, None, SPEC)
+    assert first.stalled is not None and first.stalled.reason == INCOMPATIBLE and first.recorded
+    v = judge(app(state, error), drivers, kept_stall(stall_record(first.stalled, KEY), KEY), SPEC)
+    assert v.stalled == first.stalled and v.recorded and not v.resubmit
     assert (v.condition.status, v.condition.reason) == (False, "SparkFailed")
     assert "upgradeMode fromSink" in v.condition.message
 
 
 @pytest.mark.parametrize("recorded", [
     None,
-    {"spec": "another spec", "reason": INCOMPATIBLE, "message": "m"},  # the spec changed: a new try
+    {"spec": stall_key("uid-1", OLD), "reason": INCOMPATIBLE, "message": "m"},  # the spec changed: a new try
+    {"spec": stall_key("uid-0", SPEC), "reason": INCOMPATIBLE, "message": "m"},  # a new application
     {"spec": KEY, "reason": "Ready", "message": "m"},                   # not a stall this writes
     {"spec": KEY, "reason": INCOMPATIBLE, "message": 7},
     ["not", "a", "record"],
 ])
 def test_no_stall_is_kept_for_another_spec_or_a_malformed_record(recorded):
     assert kept_stall(recorded, KEY) is None
-    assert judge(app("RUNNING"), (), kept_stall(recorded, KEY)).condition.status is True
+    v = judge(app("RUNNING"), (), kept_stall(recorded, KEY), SPEC)
+    assert v.condition.status is True and not v.recorded
 
 
-def test_the_record_is_the_stall_and_its_spec_and_none_without_one():
+def test_the_record_is_the_stall_and_none_without_one():
     assert stall_record(None, KEY) is None
     c = judge(app("FAILED", STAND_IN_2)).stalled
     assert kept_stall(stall_record(c, KEY), KEY) == c
-    assert spec_key({"b": 1, "a": [2]}) == spec_key({"a": [2], "b": 1}) != spec_key({"a": [3], "b": 1})
+    assert stall_key("u", SPEC) != stall_key("u", OLD) and stall_key("u", SPEC) != stall_key("v", SPEC)

@@ -24,8 +24,14 @@ name the upgradeMode that would run; Stalled with reason CheckpointIncompatible,
 Such a stall holds until the spec changes, whatever the application does meanwhile: the Spark
 Operator still runs its one retry of the same spec (restartPolicy), and that driver is RUNNING
 until it fails the same way (a refused checkpoint: when records arrive, which may be never). So
-the stall is recorded in status.sparkStall with a digest of the SparkApplication's spec
-(`spec_key`), and a pass that finds the record for the spec it would write stays Stalled.
+the stall is recorded in status.sparkStall for the application (`stall_key`: its uid and the
+digest of its spec that its pods carry, LABEL_SPARK_SPEC), and a pass that finds the record for
+that application stays Stalled. Only a driver pod of this spec records a stall: after a change,
+the application's status and the old driver pod still tell of the old spec's run for a moment
+(the Spark Operator resets them when it sees the change), so those are judged as before but not
+recorded, and the exits of pods of another spec are not this spec's at all. A new application
+(deleted by hand, to run the same spec again once the cause is fixed outside the spec, e.g. a
+restored checkpoint) or a changed spec is a new try.
 
 Any other failure is worth retrying: while the Spark Operator retries (FAILING, PENDING_RERUN) the
 stage is Degraded; once it has given up (FAILED), or the driver ended with status 0 (SIGTERM on
@@ -39,10 +45,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from eopipe.control.status import Condition
+from eopipe.core.names import LABEL_SPARK_SPEC
 
 CONFIG_EXIT = 2          # spark_app/main.py: bad configuration, including what Spark cannot analyse
 DRIVER_CONTAINER = "spark-kubernetes-driver"  # Spark's name for the driver pod's container
@@ -59,6 +66,7 @@ class DriverExit:
     """A terminated driver container (from a driver pod's status)."""
     exit_code: int
     message: str = ""
+    spec: str = ""               # the pod's LABEL_SPARK_SPEC: the spec it ran
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ class Verdict:
     condition: Condition         # ProcessingReady
     stalled: Condition | None    # set: phase Failed until the spec changes
     resubmit: bool = False       # delete the application; the next pass creates it again
+    recorded: bool = False       # `stalled` is this spec's own (status.sparkStall)
 
 
 def _flat(text: str) -> str:
@@ -74,18 +83,18 @@ def _flat(text: str) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip())[:_MAX_MESSAGE]
 
 
-def spec_key(spec: dict) -> str:
-    """A digest of the SparkApplication's spec as the operator builds it (status.sparkStall)."""
-    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+def stall_key(uid: str, spec: str) -> str:
+    """The SparkApplication a stall holds for: its uid and its spec's digest (LABEL_SPARK_SPEC)."""
+    return hashlib.sha256(json.dumps([uid, spec]).encode()).hexdigest()[:16]
 
 
 def stall_record(stalled: Condition | None, key: str) -> dict | None:
-    """status.sparkStall: the stall and the spec it holds for (None: no stall)."""
+    """status.sparkStall: the stall and the application it holds for (None: no stall)."""
     return None if stalled is None else {"spec": key, "reason": stalled.reason, "message": stalled.message}
 
 
 def kept_stall(recorded, key: str) -> Condition | None:
-    """The recorded stall, when it was recorded for the spec `key` the pass would write."""
+    """The recorded stall, when it was recorded for the application `key` (`stall_key`)."""
     if (isinstance(recorded, dict) and recorded.get("spec") == key
             and recorded.get("reason") in (INCOMPATIBLE, "SparkFailed")
             and isinstance(recorded.get("message"), str)):
@@ -93,12 +102,19 @@ def kept_stall(recorded, key: str) -> Condition | None:
     return None
 
 
-def judge(app: dict | None, drivers: Iterable[DriverExit] = (), kept: Condition | None = None) -> Verdict:
-    """kept: this spec's recorded stall (`kept_stall`); it holds whatever the application does."""
+def judge(app: dict | None, drivers: Iterable[DriverExit] = (), kept: Condition | None = None,
+          spec: str | None = None) -> Verdict:
+    """kept: this application's recorded stall (`kept_stall`); it holds whatever the application
+    does. spec: the digest this spec's pods carry; the exits of other pods are left out."""
+    drivers = [d for d in drivers if spec is None or d.spec == spec]
     verdict = _judge(app, drivers)
-    if kept is None or verdict.stalled is not None:
+    if verdict.stalled is not None:
+        own = spec is not None and any(d.exit_code == CONFIG_EXIT for d in drivers)
+        return replace(verdict, recorded=own or kept is not None)
+    if kept is None:
         return verdict
-    return Verdict(verdict.state, Condition("ProcessingReady", False, "SparkFailed", kept.message), kept)
+    return Verdict(verdict.state, Condition("ProcessingReady", False, "SparkFailed", kept.message), kept,
+                   recorded=True)
 
 
 def _judge(app: dict | None, drivers: Iterable[DriverExit]) -> Verdict:
@@ -152,6 +168,7 @@ def driver_exits(pods) -> tuple[DriverExit, ...]:
             for st in (cs.state, cs.last_state):
                 t = st.terminated if st is not None else None
                 if t is not None:
-                    out.append(DriverExit(int(t.exit_code), t.message or ""))
+                    spec = ((pod.metadata.labels if pod.metadata else None) or {}).get(LABEL_SPARK_SPEC, "")
+                    out.append(DriverExit(int(t.exit_code), t.message or "", spec))
                     break
     return tuple(out)

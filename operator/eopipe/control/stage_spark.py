@@ -12,7 +12,7 @@ from eopipe.control.builders.pipeline import processing_objects
 from eopipe.control.ownership import CONFLICT, ObjectConflict, decide
 from eopipe.control.passctx import Pass
 from eopipe.control.status import PROCESSING, Condition
-from eopipe.core.names import SPARK_API, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION
+from eopipe.core.names import LABEL_SPARK_SPEC, SPARK_API, SPARK_GROUP, SPARK_PLURAL, SPARK_VERSION
 
 
 def run(p: Pass) -> Condition:
@@ -60,11 +60,12 @@ def run(p: Pass) -> Condition:
         out.fields["sparkApplicationState"] = None  # no application of this spec runs
         stage_progress.forget(ns, p.meta["name"])  # paused: no stale figures for the alerts
         return plan.condition
-    key = sparkstatus.spec_key(application["spec"])
+    digest = application["spec"]["driver"]["labels"][LABEL_SPARK_SPEC]
+    key = sparkstatus.stall_key(((app or {}).get("metadata") or {}).get("uid") or "", digest)
     kept = sparkstatus.kept_stall((owner.get("status") or {}).get("sparkStall"), key)
-    verdict = sparkstatus.judge(app, sparkstatus.driver_exits(drivers), kept)
+    verdict = sparkstatus.judge(app, sparkstatus.driver_exits(drivers), kept, digest)
     out.fields["sparkApplicationState"] = verdict.state
-    out.fields["sparkStall"] = sparkstatus.stall_record(verdict.stalled, key)
+    out.fields["sparkStall"] = sparkstatus.stall_record(verdict.stalled if verdict.recorded else None, key)
     if verdict.stalled is not None:
         out.stalled = verdict.stalled
     if verdict.resubmit:

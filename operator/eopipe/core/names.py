@@ -18,6 +18,9 @@ LABEL_COMPONENT = "app.kubernetes.io/component"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "eopipe-operator"  # its value on every object the operator makes
 LABEL_PIPELINE = "eopipe.dev/pipeline"
+# On the Spark driver and executor pods: a digest of the SparkApplication spec they run
+# (control/sparkstatus.py tells a failure of this spec from one of a run before a change).
+LABEL_SPARK_SPEC = "eopipe.dev/spark-spec"
 
 # The dedup pods' HTTP port (/status, /metrics, the state transfers).
 DEDUP_HTTP_PORT = 8080

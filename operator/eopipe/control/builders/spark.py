@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 from importlib import metadata
 
 from eopipe.control.builders import checkpoint, pods
 from eopipe.core import kafkaconf
-from eopipe.core.names import Names
+from eopipe.core.names import LABEL_SPARK_SPEC, Names
 
 SPARK_APP_MAIN = "local:///opt/eopipe/spark_app/main.py"
 CHECKPOINT_VOLUME = "checkpoint"
@@ -162,6 +163,9 @@ def spark_application(names: Names, image: str, generation: int = 0) -> dict:
         app["spec"]["hadoopConf"] = dict(proc.hadoop_conf)
     if secrets := pods.image_pull_secrets(names.spec):
         app["spec"]["imagePullSecrets"] = secrets  # v1beta2 takes names, not references
+    digest = hashlib.sha256(json.dumps(app["spec"], sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    for role in ("driver", "executor"):
+        app["spec"][role]["labels"] = {**labels, LABEL_SPARK_SPEC: digest}
     return app
 
 
