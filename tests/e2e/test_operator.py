@@ -200,7 +200,9 @@ def test_an_adopted_source_topic_is_never_altered_or_deleted(operator, kube_api,
         assert {k: topic_config(admin, topic, k) for k in theirs} == theirs
         assert len(admin.list_topics(timeout=10).topics[topic].partitions) == 4
 
-    wait_passes(operator, 5)  # resyncs every 3 s: each would have "repaired" the configs
+    # Resyncs every 3 s, each of which would have "repaired" the configs: two more passes hold at
+    # least one that began after the check above (a repair would come at the first).
+    wait_passes(operator, 2)
     unchanged()
     obj = get_pipeline(kube_api, ns, "minimal")
     mine = sorted([deduped_topic(ns, "minimal"), dlq_topic(ns, "minimal")])
@@ -216,7 +218,7 @@ def test_an_adopted_source_topic_is_never_altered_or_deleted(operator, kube_api,
     assert (f"kafka-configs.sh --bootstrap-server {kafka_bootstrap} --alter --entity-type topics "
             f"--entity-name {topic} --add-config retention.ms=") in message, message
     assert obj["status"]["phase"] == "Degraded" and condition(obj, "Ready")["reason"] == "AdoptedTopicMismatch"
-    wait_passes(operator, 3)
+    wait_passes(operator, 2)  # at least one whole pass since
     assert topic_config(admin, topic, "retention.ms") == str(3600 * 1000)
     set_topic_config(admin, topic, "retention.ms", theirs["retention.ms"])  # the owner's fix
     wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 60, what="Ready again after the owner's fix")
@@ -253,7 +255,7 @@ def test_growing_an_adopted_source_waits_for_its_owner(operator, kube_api, kafka
                    what="TopicsReady=False/AdoptedTopicMismatch")
     assert f"--alter --topic {topic} --partitions 6" in condition(obj, "TopicsReady")["message"]
     assert obj["status"]["rebalance"]["phase"] == "CreatingPartitions"
-    wait_passes(operator, 3)
+    wait_passes(operator, 2)  # at least one whole pass since
     assert len(admin.list_topics(timeout=10).topics[topic].partitions) == 4
 
     admin.create_partitions([NewPartitions(topic, 6)])[topic].result(30)  # its owner does it
