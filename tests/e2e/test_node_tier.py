@@ -250,7 +250,7 @@ def _upgrade_operator(helm_bin: str, ns: str, name: str, images: dict) -> None:
     """docs/install.md's upgrade, mid-load: the CRD first (server-side), then `helm upgrade` to
     this tree's chart and images. The pipeline written as v1alpha1 reads back as v1beta1 (and
     still as v1alpha1), each dedup pod is replaced or restarted at most once (the one rollout the
-    new image makes), and a driver of the new Spark image runs the query."""
+    new image makes). The Spark driver of the new image may still be starting: `_new_driver_runs`."""
     (repo, tag), (spark_repo, spark_tag) = images["app"].rsplit(":", 1), images["spark"].rsplit(":", 1)
     watch = _pod_lives(ns, name)
     try:
@@ -274,18 +274,18 @@ def _upgrade_operator(helm_bin: str, ns: str, name: str, images: dict) -> None:
                              "jsonpath={.spec.template.spec.containers[0].image}") == images["app"],
              180, "the new operator's image in the dedup StatefulSet")
         kubectl("-n", ns, "rollout", "status", f"statefulset/{name}-dedup", "--timeout=300s", timeout=320)
-        driver = f"{name}-spark-driver"
-        wait(lambda: kubectl("-n", ns, "get", "pod", driver, "-o", "jsonpath={.spec.containers[0].image}",
-                             check=False) == images["spark"] and _driver_says(ns, f"{name}-spark", "streaming query running"),
-             400, "a driver of the new Spark image running the query")
-        wait(lambda: _settled(ns, name), 180, "the pipeline Ready after the upgrade")
-        log(f"upgrade: dedup pods rolled, a new driver's query running, pipeline Ready, "
-            f"{time.monotonic() - t:.0f}s after the CRD")
+        log(f"upgrade: dedup pods rolled {time.monotonic() - t:.0f}s after the CRD (the Spark driver restarts meanwhile)")
     finally:
         watch.terminate()
     seen = _restarts_seen(watch.communicate(timeout=30)[0])
     log(f"upgrade: replacements + restarts per dedup pod {seen}")
     assert set(seen) == {f"{name}-dedup-0", f"{name}-dedup-1"} and max(seen.values()) <= 1, seen
+
+
+def _new_driver_runs(ns: str, name: str, image: str) -> bool:
+    """The driver pod is of `image` and its streaming query runs."""
+    return (kubectl("-n", ns, "get", "pod", f"{name}-spark-driver", "-o", "jsonpath={.spec.containers[0].image}",
+                    check=False) == image and _driver_says(ns, f"{name}-spark", "streaming query running"))
 
 
 def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
@@ -342,9 +342,10 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
     log(f"deleted pod {name}-dedup-0 (--grace-period=0 --force)")
     time.sleep(4)
     log(f"killed the container of {name}-dedup-1 under the kubelet: {kill_container(ns, f'{name}-dedup-1')[:12]}")
-    wait(lambda: _restarts(ns, f"{name}-dedup-1") >= 1 and _ready_pods(ns, name) == 2 and _settled(ns, name),
-         240, "both pods back and the pipeline Ready after the pod faults")
-    log("both pods back, pipeline Ready")
+    wait(lambda: _restarts(ns, f"{name}-dedup-1") >= 1 and _ready_pods(ns, name) == 2 and _settled(ns, name)
+         and _new_driver_runs(ns, name, node_tier["spark"]), 400,
+         "both pods back, a driver of the new Spark image running the query, the pipeline Ready")
+    log("both pods back, the new driver's query running, pipeline Ready")
     assert load.poll() is None, "the load ended before the faults did: raise its count"
     load.terminate()
     out, err = load.communicate(timeout=300)
