@@ -1,0 +1,171 @@
+"""Node loss: what to do about dedup pods whose node is gone or NotReady (pure: facts in, plan out).
+
+A pod on a node that stopped reporting stays `Terminating` for ever (its kubelet cannot confirm
+the stop), so the StatefulSet never makes its replacement; a claim whose local volume is pinned
+to that node keeps the replacement `Pending`. Once the node has been NotReady for the threshold
+(or its Node object is gone), the plan:
+
+- force-deletes the pod (grace 0, as `kubectl delete pod --force --grace-period=0`): the
+  StatefulSet then recreates it, on a live node;
+- deletes each claim of that pod whose volume is pinned to a lost node (a local volume): the
+  StatefulSet makes a new, empty one and the worker's lost-volume path restores the
+  partitions (a snapshot with spec.dedup.backup, else a rebuild from Kafka). A network volume
+  (not pinned to one node) is kept: it follows the pod.
+
+Why that is safe: fencing is Kafka's, not Kubernetes' (docs/design.md#fencing). The
+replacement's `init_transactions()` fences whatever still runs on the lost node, so a zombie
+that comes back can neither commit output nor move offsets. It never loses or duplicates a
+record; what it costs is throughput while it lives, which is why a pod that still answers
+/status with every partition running (its kubelet lost the API server, the pod did not lose
+its work) is left alone however long its node is NotReady.
+
+Never for a Ready node: a node that came back Ready, before or after the threshold, gets no
+action at all, nor do the claims pinned to it; nor does a node without a Ready condition yet
+(nothing is known of it). Below the threshold the plan only says what it waits for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eopipe.control.status import DEDUP, Condition
+from eopipe.core.durations import format_duration
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+SELECTED_NODE = "volume.kubernetes.io/selected-node"  # the scheduler's pick for a claim not yet bound
+# Kubernetes marks a node NotReady only after node-monitor-grace-period (40 s; 50 s from 1.32)
+# without a heartbeat; this is counted from then. See docs/design.md#node-loss.
+DEFAULT_THRESHOLD_SECONDS = 60.0
+
+READY, WAITING, LOST = "ready", "waiting", "lost"
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    ready: str  # the Ready condition's status: "True", "False", "Unknown"; "" without one
+    since_ms: int | None = None  # its lastTransitionTime
+
+
+@dataclass(frozen=True)
+class Claim:
+    name: str
+    uid: str
+    node: str | None  # the one node its volume is pinned to (pinned_node), else None
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    uid: str
+    node: str  # spec.nodeName; "" while unscheduled
+    claims: tuple[str, ...] = ()
+    deleting: bool = False  # deletionTimestamp set (e.g. evicted, stuck Terminating)
+    serving: bool = False  # answers /status with every partition it runs running
+    partitions: tuple[int, ...] = ()  # what the published assignment gives it
+
+
+@dataclass(frozen=True)
+class Facts:
+    now_ms: int
+    threshold_ms: int
+    pods: tuple[Pod, ...]
+    claims: dict[str, Claim]  # by name; a claim not read (or gone) is absent
+    nodes: dict[str, Node]  # by name; a node absent here does not exist
+
+
+@dataclass(frozen=True)
+class ForceDeletePod:
+    pod: str
+    uid: str  # a precondition: never the replacement of the same name
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class DeleteClaim:
+    claim: str
+    uid: str
+    pod: str
+    node: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    actions: tuple[ForceDeletePod | DeleteClaim, ...] = ()
+    waiting: tuple[str, ...] = ()  # what is not acted on yet, one line each
+
+    def condition(self) -> Condition | None:
+        """DedupReady while a node is lost (NodeLost: acted on) or NotReady (NodeNotReady:
+        waiting); None when every node of the pipeline is Ready."""
+        if self.actions:
+            return Condition(DEDUP, False, "NodeLost", "; ".join(a.why for a in self.actions))
+        if self.waiting:
+            return Condition(DEDUP, False, "NodeNotReady", "; ".join(self.waiting))
+        return None
+
+
+def pinned_node(terms: list[list[tuple[str, str, tuple[str, ...]]]]) -> str | None:
+    """The one node a PersistentVolume's required nodeAffinity admits, by hostname (a local
+    volume), else None (a network volume, or one a zone or several nodes can reach). `terms`:
+    the nodeSelectorTerms (ORed), each its matchExpressions (ANDed) as (key, operator, values)."""
+    hosts = set()
+    for term in terms:
+        named = [set(v) for k, op, v in term if k == HOSTNAME_LABEL and op == "In"]
+        if not named:
+            return None  # this term admits nodes by something else
+        hosts |= set.intersection(*named)
+    return next(iter(hosts)) if len(hosts) == 1 else None
+
+
+def state(facts: Facts, name: str) -> tuple[str, str]:
+    """(READY | WAITING | LOST, why) of the node called `name`."""
+    node = facts.nodes.get(name)
+    if node is None:
+        return LOST, f"node {name} is gone"
+    if node.ready == "True" or node.ready not in ("False", "Unknown") or node.since_ms is None:
+        return READY, ""
+    age = max(0, facts.now_ms - node.since_ms)
+    why = f"node {name} NotReady ({node.ready}) for {format_duration(age / 1000)}"
+    return (LOST if age >= facts.threshold_ms else WAITING), why
+
+
+def decide(facts: Facts) -> Plan:
+    actions: list[ForceDeletePod | DeleteClaim] = []
+    waiting: list[str] = []
+    limit = format_duration(facts.threshold_ms / 1000)
+    for pod in sorted(facts.pods, key=lambda p: p.name):
+        owns = f" (partitions {', '.join(map(str, pod.partitions))})" if pod.partitions else ""
+        node_state, node_why = state(facts, pod.node) if pod.node else (None, "")
+        if node_state == READY:
+            continue  # running, or already recreated on a live node
+        if node_state == WAITING:
+            waiting.append(f"pod {pod.name}{owns}: {node_why}; acting at {limit}")
+            continue
+        if node_state == LOST and pod.serving:
+            waiting.append(f"pod {pod.name}{owns}: {node_why}, but the pod still answers with every "
+                           "partition running: left alone")
+            continue
+        # On a lost node, or not scheduled yet (a replacement): a claim pinned to a lost node
+        # keeps the pod from starting anywhere else.
+        for name in pod.claims:
+            claim = facts.claims.get(name)
+            if claim is None or claim.node is None or claim.deleting:
+                continue
+            claim_state, claim_why = state(facts, claim.node)
+            if claim_state == LOST:
+                actions.append(DeleteClaim(claim.name, claim.uid, pod.name, claim.node,
+                                           f"deleted claim {claim.name} of pod {pod.name}{owns}: its volume is on "
+                                           f"{claim_why}; a new volume is restored from the last snapshot "
+                                           "(spec.dedup.backup) or rebuilt from Kafka"))
+            elif claim_state == WAITING:
+                waiting.append(f"claim {claim.name} of pod {pod.name}{owns}: {claim_why}; acting at {limit}")
+        if node_state == LOST:
+            actions.append(ForceDeletePod(pod.name, pod.uid, pod.node,
+                                          f"force-deleted pod {pod.name}{owns}: {node_why}; the StatefulSet "
+                                          "recreates it on a live node, and Kafka fences the old one"))
+    # Claims first: the replacement must not be made on the claim that pins it to the lost node.
+    actions.sort(key=lambda a: isinstance(a, ForceDeletePod))
+    return Plan(tuple(actions), tuple(waiting))

@@ -1,0 +1,137 @@
+"""control/nodeloss.decide: node and pod facts in, actions out (a table), and the PV affinity reading."""
+
+from __future__ import annotations
+
+import pytest
+
+from eopipe.control.nodeloss import (
+    HOSTNAME_LABEL,
+    Claim,
+    DeleteClaim,
+    Facts,
+    ForceDeletePod,
+    Node,
+    Pod,
+    decide,
+    pinned_node,
+)
+
+NOW = 1_000_000
+T = 60_000  # the threshold
+
+
+def ready(name):
+    return Node(name, "True", NOW - 3_600_000)
+
+
+def not_ready(name, for_ms, status="Unknown"):
+    return Node(name, status, NOW - for_ms)
+
+
+def pod(name, node, *, local=None, deleting=False, serving=False, partitions=(0,)):
+    """A dedup pod with its claim state-<name> (pinned to `local`, else a network volume)."""
+    return Pod(name, f"uid-{name}", node, (f"state-{name}",), deleting, serving, partitions), \
+        Claim(f"state-{name}", f"cuid-{name}", local)
+
+
+def facts(*pods_claims, nodes=(), claims=None):
+    pods = tuple(p for p, _ in pods_claims)
+    found = {c.name: c for _, c in pods_claims} if claims is None else claims
+    return Facts(NOW, T, pods, found, {n.name: n for n in nodes})
+
+
+def kinds(plan):
+    return [(type(a).__name__, getattr(a, "pod", None), getattr(a, "claim", None)) for a in plan.actions]
+
+
+FD, DC = ForceDeletePod.__name__, DeleteClaim.__name__
+
+CASES = {
+    "all ready: nothing at all": (
+        facts(pod("d-0", "n1"), pod("d-1", "n2", local="n2"), nodes=[ready("n1"), ready("n2")]),
+        [], None),
+    "NotReady below the threshold: wait, said in the condition": (
+        facts(pod("d-0", "n1", local="n1"), nodes=[not_ready("n1", T - 1)]),
+        [], "NodeNotReady"),
+    "NotReady at the threshold, network volume: force delete only": (
+        facts(pod("d-0", "n1"), nodes=[not_ready("n1", T, "False")]),
+        [(FD, "d-0", None)], "NodeLost"),
+    "node object gone, local volume on it: claim deleted, then the pod force-deleted": (
+        facts(pod("d-0", "n1", local="n1"), pod("d-1", "n2"), nodes=[ready("n2")]),
+        [(DC, "d-0", "state-d-0"), (FD, "d-0", None)], "NodeLost"),
+    "the replacement pending on a claim pinned to a gone node: claim deleted": (
+        facts(pod("d-0", "", local="n1"), nodes=[ready("n2")]),
+        [(DC, "d-0", "state-d-0")], "NodeLost"),
+    "the replacement pending on a claim pinned to a node NotReady below the threshold: wait": (
+        facts(pod("d-0", "", local="n1"), nodes=[not_ready("n1", T // 2)]),
+        [], "NodeNotReady"),
+    "node back Ready (after the threshold had passed): nothing, its local claim kept": (
+        facts(pod("d-0", "n1", local="n1", deleting=True), nodes=[Node("n1", "True", NOW - 1_000)]),
+        [], None),
+    "a node without a Ready condition yet: nothing is known, nothing done": (
+        facts(pod("d-0", "n1", local="n1"), nodes=[Node("n1", "", None)]),
+        [], None),
+    "pod already recreated on a live node: nothing": (
+        facts(pod("d-0", "n2"), nodes=[ready("n2")]), [], None),
+    "pod already recreated, its old local claim already being deleted: nothing": (
+        facts(pod("d-0", ""), nodes=[ready("n2")],
+              claims={"state-d-0": Claim("state-d-0", "c", "n1", deleting=True)}),
+        [], None),
+    "pod Terminating on the lost node: force delete (it would wait for ever)": (
+        facts(pod("d-0", "n1", deleting=True), nodes=[not_ready("n1", 10 * T)]),
+        [(FD, "d-0", None)], "NodeLost"),
+    "several pods on one lost node: every claim first, then every pod": (
+        facts(pod("d-0", "n1", local="n1"), pod("d-1", "n1", local="n1"), pod("d-2", "n2", local="n2"),
+              nodes=[not_ready("n1", T + 1), ready("n2")]),
+        [(DC, "d-0", "state-d-0"), (DC, "d-1", "state-d-1"), (FD, "d-0", None), (FD, "d-1", None)], "NodeLost"),
+    "a pod still serving on a NotReady node (the kubelet lost the API server): left alone": (
+        facts(pod("d-0", "n1", local="n1", serving=True), nodes=[not_ready("n1", 10 * T)]),
+        [], "NodeNotReady"),
+    "a claim not read (unknown binding): the pod only": (
+        facts(pod("d-0", "n1", local="n1"), nodes=[], claims={}),
+        [(FD, "d-0", None)], "NodeLost"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_decide(case):
+    f, want, reason = CASES[case]
+    plan = decide(f)
+    assert kinds(plan) == want
+    cond = plan.condition()
+    assert (cond and cond.reason) == reason
+    if cond is not None:
+        assert cond.type == "DedupReady" and cond.status is False
+
+
+def test_actions_carry_the_uids_and_say_what_and_why():
+    plan = decide(facts(pod("d-0", "n1", local="n1", partitions=(0, 3)), nodes=[not_ready("n1", 75_000)]))
+    claim, force = plan.actions
+    assert (claim.uid, force.uid, force.node, claim.node) == ("cuid-d-0", "uid-d-0", "n1", "n1")
+    assert force.why == ("force-deleted pod d-0 (partitions 0, 3): node n1 NotReady (Unknown) for 1m15s; "
+                         "the StatefulSet recreates it on a live node, and Kafka fences the old one")
+    assert "claim state-d-0" in claim.why and "snapshot" in claim.why
+    message = plan.condition().message
+    assert message.startswith(claim.why) and message.endswith(force.why)
+
+
+def test_waiting_says_when_it_acts():
+    plan = decide(facts(pod("d-0", "n1"), nodes=[not_ready("n1", 20_000)]))
+    assert plan.condition().message == "pod d-0 (partitions 0): node n1 NotReady (Unknown) for 20s; acting at 1m"
+
+
+H = HOSTNAME_LABEL
+
+
+@pytest.mark.parametrize("terms, want", [
+    ([[(H, "In", ("n1",))]], "n1"),  # a local volume (local-path, local PV)
+    ([[(H, "In", ("n1",))], [(H, "In", ("n1",))]], "n1"),
+    ([[(H, "In", ("n1", "n2"))]], None),  # reachable from two nodes
+    ([[(H, "In", ("n1",))], [(H, "In", ("n2",))]], None),
+    ([[("topology.kubernetes.io/zone", "In", ("a",))]], None),  # a network volume in a zone
+    ([[(H, "In", ("n1",)), ("topology.kubernetes.io/zone", "In", ("a",))]], "n1"),
+    ([[(H, "NotIn", ("n1",))]], None),
+    ([], None),  # no affinity: any node
+])
+def test_pinned_node(terms, want):
+    assert pinned_node(terms) == want
