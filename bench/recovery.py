@@ -221,6 +221,8 @@ def _worker_said(log: Path, since: int) -> tuple[dict[str, int], int]:
                 said[str(d.get("msg"))] += 1
                 if b"did not return within" in line:  # the watchdog's words (dedup/txn.py)
                     said["the watchdog ended a call"] += 1
+                elif b"stale coordinator" in line:  # given up when the coordinator answered (dedup/txn.py)
+                    said["a call on a stale coordinator given up"] += 1
     return dict(said), client
 
 

@@ -79,6 +79,39 @@ def test_a_call_that_outlives_the_watchdog(monkeypatch, stall, expected):
     assert calls.wedged
 
 
+@pytest.mark.parametrize("answers, returns_after, expected", [
+    # Past its own timeout while the coordinator answers a fresh lookup: a stale coordinator
+    # (librdkafka #5511) that nothing will wake; given up at once, not at the watchdog.
+    ([True], None, "stale coordinator"),
+    ([False, False, True], None, "stale coordinator"),
+    # Every broker down: the probe fails, the call is left to finish on the broker's return...
+    ([False, False], 0.6, "ok"),
+    # ...or, never returning, to the watchdog.
+    ([False] * 50, None, "did not return within"),
+])
+def test_a_commit_call_past_its_timeout_probes_the_coordinator(monkeypatch, answers, returns_after, expected):
+    monkeypatch.setattr(txn, "WATCHDOG_GRACE_S", 1.5)
+    monkeypatch.setattr(txn, "PROBE_AFTER_S", 0.2)
+    release, probes = threading.Event(), []
+    if returns_after is not None:
+        threading.Timer(returns_after, release.set).start()
+
+    def probe():
+        probes.append(1)
+        return answers[min(len(probes), len(answers)) - 1]
+
+    calls = TxnCalls(0)
+    try:
+        result = calls("send_offsets_to_transaction", lambda: release.wait(5) and "ok", timeout=0.1,
+                       stall=True, probe=probe, deadline=time.monotonic() + 30)
+    except Stalled as e:
+        result = str(e)
+    finally:
+        release.set()
+    assert expected in result
+    assert probes and calls.wedged is (result != "ok")
+
+
 MINE = Assignment(3, {0: "pod-a", 1: "pod-b"}, partition_count=2)
 
 

@@ -23,6 +23,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException,
 from eopipe.core import partitioner as partitioners
 from eopipe.core.headers import H_OFFSET, H_PARTITION, H_REASON, H_REROUTED, H_TOPIC
 from eopipe.core.keys import MalformedRecord, batch_extractor, extractor
+from eopipe.dedup import clients
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.partition_store import PartitionStore
@@ -247,7 +248,7 @@ class Transaction:
         producer, consumer = self.producer, self.consumer
         self.calls("send_offsets_to_transaction", lambda: producer.send_offsets_to_transaction(
             offsets, consumer.consumer_group_metadata(), left()), deadline=deadline, timeout=left(),
-            stall=True)
+            stall=True, probe=lambda: clients.coordinator_answers(consumer, offsets[0]))
         self.calls("commit_transaction", lambda: producer.commit_transaction(left()),
                    deadline=deadline, timeout=left(), stall=True)
         seconds = time.monotonic() - t0

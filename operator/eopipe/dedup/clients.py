@@ -89,6 +89,16 @@ def connect(producer, topic: str, timeout: float = 5.0) -> None:
         pass
 
 
+def coordinator_answers(consumer, tp, timeout: float = 1.0) -> bool:
+    """True when the consumer's group coordinator answers an offset fetch for `tp` now (the
+    consumer looks the coordinator up afresh when its own went away)."""
+    try:
+        consumer.committed([tp], timeout=timeout)
+        return True
+    except KafkaException:
+        return False
+
+
 _graveyard: list = []  # clients whose stuck call never returned: kept referenced, never destroyed
 # How long a replaced producer's stuck call is given to return before the producer is left in
 # the graveyard. It returns when its request is answered or times out (socket.timeout.ms, at

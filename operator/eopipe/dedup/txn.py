@@ -7,6 +7,12 @@ by WATCHDOG_GRACE_S wedges the partition, which is then restarted with a new pro
 init_transactions fences the stuck one: docs/design.md#fencing). On the commit path (send
 offsets, commit, abort) a timeout or the watchdog raises Stalled instead: the partition replaces
 its producer and consumer itself, at once, within the transaction timeout.
+
+A commit-path call that outlives its own timeout while a fresh lookup reaches the group
+coordinator (`probe`) waits on a coordinator librdkafka decommissioned and cached (#5511: with
+three brokers, the killed coordinator dropped from the metadata); nothing will wake it, so it is
+given up at once instead of at the watchdog. While the probe fails (every broker down) the call
+is left to finish on the broker's return, as it does (docs/design.md#broker-restart).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ API_TIMEOUT_S = 15.0
 # (confluent-kafka documents both calls as retriable) until the commit's deadline.
 COMMIT_ATTEMPT_S = 2.0
 WATCHDOG_GRACE_S = 10.0
+# A commit-path call this long past its own timeout is stuck, not slow: probe the coordinator.
+PROBE_AFTER_S = 1.0
 
 
 class Fenced(Exception):
@@ -110,23 +118,24 @@ class TxnCalls:
         return self.stuck_call is not None
 
     def __call__(self, what: str, fn, *, deadline: float | None = None, timeout: float = API_TIMEOUT_S,
-                 stall: bool = False):
+                 stall: bool = False, probe=None):
         """Runs `fn` (which waits at most `timeout` itself), retrying retriable errors until
         `deadline` (monotonic; None: no limit) or until p is told to stop.
 
         Raises Fenced (stop the partition), Abortable (abort and go back), Wedged, Stopping or
         re-raises. With `stall` (the commit path), a timeout, the watchdog or a retriable error
-        past the deadline raise Stalled instead: replace the clients, fence, resume."""
+        past the deadline raise Stalled instead: replace the clients, fence, resume. `probe()`
+        (with `stall`): True when the group coordinator answers a fresh lookup."""
         delay = 0.1
         if self._thread is None:
             self._thread = _CallThread(f"txn-{self.p}")
         while True:
             fut = self._thread.submit(fn)
             try:
-                return fut.result(timeout + WATCHDOG_GRACE_S)
-            except concurrent.futures.TimeoutError:
+                return self._wait(fut, timeout, probe if stall else None)
+            except concurrent.futures.TimeoutError as e:
                 self.stuck_call = fut
-                msg = f"{what} did not return within {timeout + WATCHDOG_GRACE_S:.0f}s"
+                msg = f"{what} {e.args[0] if e.args else 'did not return'}"
                 if stall:
                     raise Stalled(f"{msg}; replacing the producer") from None
                 raise Wedged(f"{msg}; restarting the partition with a new producer") from None
@@ -152,6 +161,32 @@ class TxnCalls:
                     delay = min(delay * 2, 0.5 if stall else 2.0)
                     continue
                 raise Abortable(f"{what}: {err}") from None
+
+    @staticmethod
+    def _wait(fut: concurrent.futures.Future, timeout: float, probe):
+        """fut's result; TimeoutError (saying why) past the watchdog, or with `probe` as soon
+        as the coordinator answers while the call is past its own timeout."""
+        limit = time.monotonic() + timeout + WATCHDOG_GRACE_S
+        if probe is None:
+            try:
+                return fut.result(timeout + WATCHDOG_GRACE_S)
+            except concurrent.futures.TimeoutError:
+                raise concurrent.futures.TimeoutError(
+                    f"did not return within {timeout + WATCHDOG_GRACE_S:.0f}s") from None
+        wait = timeout + PROBE_AFTER_S
+        while True:
+            try:
+                return fut.result(wait)
+            except concurrent.futures.TimeoutError:
+                pass
+            if probe():
+                raise concurrent.futures.TimeoutError(
+                    f"outlived its {timeout:.0f}s timeout while the group coordinator answers "
+                    "(a stale coordinator, librdkafka #5511)") from None
+            wait = min(PROBE_AFTER_S, limit - time.monotonic())
+            if wait <= 0:
+                raise concurrent.futures.TimeoutError(
+                    f"did not return within {timeout + WATCHDOG_GRACE_S:.0f}s")
 
     def close(self) -> None:
         if self._thread is not None:
