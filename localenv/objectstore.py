@@ -93,6 +93,31 @@ def _xml_values(xml: str, tag: str) -> list[str]:
     return [e.text or "" for e in ElementTree.fromstring(xml).iter() if e.tag.rsplit("}", 1)[-1] == tag]
 
 
+def identities(creds: S3Credentials) -> dict:
+    """The gateway's S3 config (`-s3.config`): one identity, `creds`, allowed everything."""
+    return {"identities": [{"name": "eopipe", "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                            "credentials": [{"accessKey": creds.access_key, "secretKey": creds.secret_key}]}]}
+
+
+def server_args(ip: str, bind: str, data: Path | str, s3_config: Path | str, ports: dict[str, int]) -> list[str]:
+    """`weed server`'s arguments: master, volume server, filer and S3 gateway in one process,
+    advertised at `ip`, listening on `bind`; `ports` by name (PORT_NAMES)."""
+    p = ports
+    return ["server", f"-ip={ip}", f"-ip.bind={bind}",
+            f"-dir={data}", "-master.volumeSizeLimitMB=64", "-volume.max=0",
+            f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
+            f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
+            "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
+            "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}", f"-s3.config={s3_config}",
+            "-s3.port.iceberg=0", "-s3.port.lance=0",  # the gateway's extra catalogs: not used
+            "-master.telemetry=false",  # traffic stays where it is
+            # One master: a restart elects it again quickly; stops do not linger.
+            "-master.electionTimeout=1s", "-volume.preStopSeconds=1"]
+
+
+PORT_NAMES = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")
+
+
 class ObjectStore:
     """SeaweedFS with its S3 gateway at `endpoint`, one identity (`creds`) allowed everything."""
 
@@ -100,8 +125,7 @@ class ObjectStore:
         self.workdir = Path(workdir)
         self.creds = creds or S3Credentials("eopipe-test", secrets.token_hex(16))
         # Fixed for the store's life, so that a restart is the same endpoint.
-        self.ports = {name: free_port() for name in
-                      ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.grpc", "s3", "s3.grpc")}
+        self.ports = {name: free_port() for name in PORT_NAMES}
         self.process = LoggedProcess("seaweedfs", self._argv(), self.workdir / "weed.log")
 
     @property
@@ -121,25 +145,12 @@ class ObjectStore:
                 "fs.s3a.path.style.access": "true", "fs.s3a.connection.ssl.enabled": "false"}
 
     def _argv(self) -> list[str]:
-        p = self.ports
-        return [str(weed_binary()), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                f"-dir={self.workdir / 'data'}", "-master.volumeSizeLimitMB=64", "-volume.max=0",
-                f"-master.port={p['master']}", f"-master.port.grpc={p['master.grpc']}",
-                f"-volume.port={p['volume']}", f"-volume.port.grpc={p['volume.grpc']}",
-                "-filer", f"-filer.port={p['filer']}", f"-filer.port.grpc={p['filer.grpc']}",
-                "-s3", f"-s3.port={p['s3']}", f"-s3.port.grpc={p['s3.grpc']}",
-                f"-s3.config={self.workdir / 's3-identities.json'}",
-                "-s3.port.iceberg=0", "-s3.port.lance=0",  # the gateway's extra catalogs: not used
-                "-master.telemetry=false",  # traffic stays on loopback
-                # One master: a restart elects it again quickly; stops do not linger.
-                "-master.electionTimeout=1s", "-volume.preStopSeconds=1"]
+        return [str(weed_binary()), *server_args("127.0.0.1", "127.0.0.1", self.workdir / "data",
+                                                 self.workdir / "s3-identities.json", self.ports)]
 
     def start(self, timeout: float = 60) -> None:
         (self.workdir / "data").mkdir(parents=True, exist_ok=True)
-        identities = {"identities": [{"name": "eopipe", "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                                      "credentials": [{"accessKey": self.creds.access_key,
-                                                       "secretKey": self.creds.secret_key}]}]}
-        (self.workdir / "s3-identities.json").write_text(json.dumps(identities))
+        (self.workdir / "s3-identities.json").write_text(json.dumps(identities(self.creds)))
         self.process.start()
         self._wait_ready(timeout)
 

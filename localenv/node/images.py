@@ -147,9 +147,14 @@ def addon_images(b: Buildah) -> dict[str, tuple[str, Path]]:
                          stdout=subprocess.PIPE).stdout.split()
     images = {}
     for name, bin_dir in zip(ADDONS, out):
-        binary = Path(bin_dir) / name
-        images[name] = _binary_image(b, name, binary, _hash(binary.read_bytes()))
+        images[name] = binary_image(b, name, Path(bin_dir) / name)
     return images
+
+
+def binary_image(b: Buildah, name: str, binary: Path) -> tuple[str, Path]:
+    """The one-binary image of `binary`, keyed by its hash (the add-ons; the object store's
+    `weed`, localenv/node/objectstore.py)."""
+    return _binary_image(b, name, binary, _hash(binary.read_bytes()))
 
 
 def base_image(b: Buildah) -> str:

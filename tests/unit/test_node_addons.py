@@ -66,3 +66,29 @@ def test_addon_pods_run_restricted_from_the_built_images(ns, name):
     sc = c["securityContext"]
     assert sc["runAsNonRoot"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
     assert find("ServiceAccount", pod["serviceAccountName"], ns)
+
+
+def test_object_store_pod_reads_its_identity_from_the_secret_and_serves_s3_on_its_service():
+    from localenv.node import objectstore
+    from localenv.objectstore import S3Credentials
+
+    objs = {o["kind"]: o for o in objectstore.manifests("localhost/eopipe-weed:1", S3Credentials("ak", "sk"))}
+    assert all(o["metadata"].get("namespace") == objectstore.NAMESPACE for k, o in objs.items() if k != "Namespace")
+    pod = objs["Deployment"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    vols = {v["name"]: v for v in pod["volumes"]}
+    # The identity: the Secret's s3.json, mounted where -s3.config points.
+    assert vols["config"]["secret"]["secretName"] == objs["Secret"]["metadata"]["name"]
+    assert f"-s3.config={mounts['config']}/s3.json" in c["args"]
+    creds = json.loads(objs["Secret"]["stringData"]["s3.json"])["identities"][0]["credentials"]
+    assert creds == [{"accessKey": "ak", "secretKey": "sk"}]
+    # Data on the claim, the gateway on all addresses, its port the Service's and the endpoint's.
+    assert vols["data"]["persistentVolumeClaim"]["claimName"] == objs["PersistentVolumeClaim"]["metadata"]["name"]
+    assert f"-dir={mounts['data']}" in c["args"] and "-ip.bind=0.0.0.0" in c["args"]
+    assert f"-s3.port={objectstore.S3_PORT}" in c["args"]
+    assert objs["Service"]["spec"]["ports"][0]["targetPort"] == objectstore.S3_PORT
+    assert objs["Service"]["spec"]["selector"] == objs["Deployment"]["spec"]["selector"]["matchLabels"]
+    svc = objs["Service"]["metadata"]
+    assert objectstore.ENDPOINT == f"http://{svc['name']}.{svc['namespace']}.svc:{objectstore.S3_PORT}"
+    assert c["image"] == "localhost/eopipe-weed:1" and c["securityContext"]["readOnlyRootFilesystem"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from eopipe.control import autoscale, stage_topics, tokens
+from eopipe.control import autoscale, restores, stage_topics, tokens
 from eopipe.control import rebalance as rebalance_sm
 from eopipe.control.builders.pipeline import dedup_objects
 from eopipe.control.kube import ApplyError
@@ -135,6 +135,10 @@ def _apply(p: Pass, plan: rebalance_sm.Plan, topics_ok: bool, facts: Facts) -> C
     lag = dedup_lag(reports.values())
     if lag is not None:
         out.fields["lag"] = {"dedup": lag}
+    restored = restores.told(reports, p.status.get("restores"))
+    out.events.extend(restored.events)
+    if restored.changed:  # else the record stays as it was
+        out.fields["restores"] = restored.record
     stats = dedup_stats(reports, p.status.get("dedupStats"), int(time.time() * 1000))
     if stats is not None:  # else the last record stays
         out.fields["dedupStats"] = stats
