@@ -122,6 +122,9 @@ def test_default_render(tools, helm_env):
     assert (env["EOPIPE_LEASE_DURATION_SECONDS"], env["EOPIPE_RENEW_DEADLINE_SECONDS"],
             env["EOPIPE_RETRY_PERIOD_SECONDS"]) == ("15", "10", "2")
     assert env["EOPIPE_RESYNC_SECONDS"] == "60"
+    assert env["EOPIPE_NODE_LOST_SECONDS"] == "60"
+    assert Settings.from_env({"EOPIPE_NODE_LOST_SECONDS": env["EOPIPE_NODE_LOST_SECONDS"]}).node_lost_seconds == \
+        Settings().node_lost_seconds
     refs = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"] if "valueFrom" in e}
     assert refs["POD_NAME"] == "metadata.name" and refs["POD_NAMESPACE"] == "metadata.namespace"
     anti = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
@@ -209,15 +212,17 @@ def test_namespaced_render(tools, helm_env):
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for b in bindings:
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "eopipe", "namespace": "eopipe-system"}]
-    # The only cluster-wide grants left: reading CRDs and namespaces (Kopf observes both); the
-    # Spark drivers' ClusterRole is bound by the operator in a pipeline's namespace, to drivers.
+    # The only cluster-wide grants left: reading CRDs and namespaces (Kopf observes both), and
+    # Nodes and PersistentVolumes by name (node loss); the Spark drivers' ClusterRole is bound
+    # by the operator in a pipeline's namespace, to drivers.
     (cluster_role,) = [d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"].endswith("-kopf")]
     assert sorted(d["metadata"]["name"] for d in by_kind(docs, "ClusterRole")) == [
         "eopipe-eopipe-system-kopf", "eopipe-eopipe-system-spark-driver"]
     assert cluster_role["rules"] == [
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
          "verbs": ["list", "watch"]},
-        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["nodes", "persistentvolumes"], "verbs": ["get"]}]
     c = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
     assert "--namespace=team-a" in c["args"] and "--namespace=team-b" in c["args"] and "--verbose" in c["args"]
     assert c["image"] == "eopipe:1.2.3" and c["imagePullPolicy"] == "Always"
@@ -311,9 +316,11 @@ def operator_rules(docs: list[dict]) -> dict[str, list[dict]]:
 
 @pytest.mark.parametrize("values", sorted(VALUE_SETS))
 def test_rbac_is_least_privilege(tools, helm_env, values):
-    """What the operator holds is what it uses: no pod writes (the Spark drivers' rights are a
-    ClusterRole it may only bind, by name), Secrets read and the token Secret created, deletes
-    only of the SparkApplication it stops on pause; no wildcard, escalate or impersonate."""
+    """What the operator holds is what it uses: of pod writes only delete, for a dedup pod on a
+    lost node (the Spark drivers' rights are a ClusterRole it may only bind, by name), Secrets
+    read and the token Secret created, deletes only of the SparkApplication it stops on pause and
+    of a lost node's pod and claim; of nodes and volumes only get; no wildcard, escalate or
+    impersonate."""
     from eopipe.control.builders.spark import DRIVER_RULES
 
     docs = render(tools, helm_env, *VALUE_SETS[values])
@@ -331,15 +338,18 @@ def test_rbac_is_least_privilege(tools, helm_env, values):
     assert set(bound) == ({"team-a", "team-b", "*"} if values == "namespaced" else {"*"})
     for rule in (r for rules in bound.values() for r in rules):
         verbs = set(rule["verbs"])
-        assert not ({"pods", "pods/exec", "pods/eviction"} & set(rule["resources"]) and verbs & WRITES), rule
+        if {"pods", "pods/exec", "pods/eviction"} & set(rule["resources"]):  # node loss deletes, no more
+            assert rule["resources"] == ["pods"] and verbs & WRITES <= {"delete"}, rule
+        if {"nodes", "persistentvolumes"} & set(rule["resources"]):
+            assert verbs == {"get"}, rule
         if "bind" in verbs:  # one ClusterRole, by name
             assert (rule["resources"], rule["verbs"], rule.get("resourceNames")) == \
                 (["clusterroles"], ["bind"], [driver["metadata"]["name"]]), rule
         if "secrets" in rule["resources"]:  # read by name, the token Secret created; never listed
             assert rule["resources"] == ["secrets"] and rule["verbs"] == ["get", "create"], rule
-        if verbs & {"delete", "deletecollection"}:  # spec.paused stops the SparkApplication
-            assert (rule["resources"], verbs & {"delete", "deletecollection"}) == \
-                (["sparkapplications"], {"delete"}), rule
+        if verbs & {"delete", "deletecollection"}:  # spec.paused stops the SparkApplication; node loss
+            assert rule["resources"] in (["sparkapplications"], ["pods"], ["persistentvolumeclaims"]) \
+                and verbs & {"delete", "deletecollection"} == {"delete"}, rule
     # And the Spark drivers may do what they must: the ClusterRole is theirs.
     assert {"create", "delete"} <= set(driver["rules"][0]["verbs"]) and "pods" in driver["rules"][0]["resources"]
 
@@ -393,6 +403,7 @@ def test_rbac_grants_exactly_the_operators_api_access(tools, helm_env, values):
     (["--set", "serviceMonitor.enabled=yes"], "/serviceMonitor/enabled"),
     (["--set", "serviceMonitor.interval=soon"], "/serviceMonitor/interval"),
     (["--set", "kafka.deleteAttempts=0"], "/kafka/deleteAttempts"),
+    (["--set", "nodeLoss.thresholdSeconds=-1"], "/nodeLoss/thresholdSeconds"),
     (["--set", "replicas=0"], "/replicas"),
     (["--set", "leaderElection.enabled=yes"], "/leaderElection/enabled"),
     (["--set", "leaderElection.leaseSeconds=9"], "additional properties 'leaseSeconds'"),
@@ -616,7 +627,8 @@ def allowed(kube_api, user: str, verb: str, group: str, resource: str, namespace
 def test_cluster_wide_rbac_grants_what_the_operator_needs(tools, helm_env, crds, kube_api, k8s_namespace):
     """The kubectl path of docs/install.md (helm template | kubectl apply), cluster-wide mode:
     the ServiceAccount may do its job (control/permissions.py) in any namespace, and nothing
-    more: no pod writes, and of the ClusterRoles only the Spark drivers' to bind."""
+    more: of pod writes only delete (node loss), and of the ClusterRoles only the Spark drivers'
+    to bind."""
     from eopipe.control import permissions as p
 
     ns, cp = k8s_namespace, crds
@@ -640,9 +652,11 @@ def test_cluster_wide_rbac_grants_what_the_operator_needs(tools, helm_env, crds,
                 assert allowed(kube_api, sa, verb, a.group, a.resource, where, name), (verb, a.resource, where)
         rbac = "rbac.authorization.k8s.io"
         for verb, group, resource, name in [
-                *[(v, "", "pods", None) for v in ("create", "patch", "update", "delete", "deletecollection")],
-                ("create", "", "pods/exec", None), ("delete", "", "services", None), ("delete", "", "configmaps", None),
-                ("delete", "", "persistentvolumeclaims", None), ("list", "", "secrets", None),
+                *[(v, "", "pods", None) for v in ("create", "patch", "update", "deletecollection")],
+                ("create", "", "pods/exec", None), ("create", "", "pods/eviction", None),
+                ("delete", "", "services", None), ("delete", "", "configmaps", None),
+                ("deletecollection", "", "persistentvolumeclaims", None), ("list", "", "secrets", None),
+                ("patch", "", "nodes", None), ("list", "", "nodes", None), ("delete", "", "persistentvolumes", None),
                 ("delete", "apps", "statefulsets", None), ("delete", "eopipe.dev", "exactlyoncepipelines", None),
                 ("create", rbac, "clusterroles", None), ("escalate", rbac, "roles", None),
                 ("bind", rbac, "clusterroles", "admin"), ("bind", rbac, "clusterroles", "cluster-admin"),

@@ -59,9 +59,11 @@ CASES = {
     "node object gone, local volume on it: claim deleted, then the pod force-deleted": (
         facts(pod("d-0", "n1", local="n1"), pod("d-1", "n2"), nodes=[ready("n2")]),
         [(DC, "d-0", "state-d-0"), (FD, "d-0", None)], "NodeLost"),
-    "the replacement pending on a claim pinned to a gone node: claim deleted": (
+    "the replacement pending on a claim pinned to a gone node: claim deleted, then the pod": (
         facts(pod("d-0", "", local="n1"), nodes=[ready("n2")]),
-        [(DC, "d-0", "state-d-0")], "NodeLost"),
+        [(DC, "d-0", "state-d-0"), (FD, "d-0", None)], "NodeLost"),
+    "the replacement pending on a network claim: nothing (it is being scheduled)": (
+        facts(pod("d-0", ""), nodes=[not_ready("n1", 10 * T)]), [], None),
     "the replacement pending on a claim pinned to a node NotReady below the threshold: wait": (
         facts(pod("d-0", "", local="n1"), nodes=[not_ready("n1", T // 2)]),
         [], "NodeNotReady"),
@@ -73,10 +75,10 @@ CASES = {
         [], None),
     "pod already recreated on a live node: nothing": (
         facts(pod("d-0", "n2"), nodes=[ready("n2")]), [], None),
-    "pod already recreated, its old local claim already being deleted: nothing": (
+    "the replacement pending on a claim already being deleted: the pod only, so both are made again": (
         facts(pod("d-0", ""), nodes=[ready("n2")],
               claims={"state-d-0": Claim("state-d-0", "c", "n1", deleting=True)}),
-        [], None),
+        [(FD, "d-0", None)], "NodeLost"),
     "pod Terminating on the lost node: force delete (it would wait for ever)": (
         facts(pod("d-0", "n1", deleting=True), nodes=[not_ready("n1", 10 * T)]),
         [(FD, "d-0", None)], "NodeLost"),

@@ -14,6 +14,7 @@ ENV = {
     "EOPIPE_REBALANCE_POLL_SECONDS": ("rebalance_poll_seconds", 3.0),
     "EOPIPE_HANGING_TRANSACTION_SECONDS": ("hanging_transaction_seconds", 15.0),
     "EOPIPE_AUTOSCALE_SECONDS": ("autoscale_seconds", 5.0),
+    "EOPIPE_NODE_LOST_SECONDS": ("node_lost_seconds", 30.0),
     "EOPIPE_LEADER_ELECTION": ("leader_election", True),
     "EOPIPE_LEASE_NAME": ("lease_name", "my-lease"),
     "EOPIPE_LEASE_NAMESPACE": ("lease_namespace", "ops"),
@@ -69,6 +70,7 @@ def test_a_value_that_does_not_parse_names_its_variable(env, message):
 
 @pytest.mark.parametrize("env, message", [
     ({"EOPIPE_RESYNC_SECONDS": "0"}, "EOPIPE_RESYNC_SECONDS must be above 0"),
+    ({"EOPIPE_NODE_LOST_SECONDS": "-1"}, "EOPIPE_NODE_LOST_SECONDS must be 0 (never act) or above"),
     ({"EOPIPE_LEADER_ELECTION": "true"}, "set POD_NAMESPACE"),
     ({"EOPIPE_LEADER_ELECTION": "true", "POD_NAMESPACE": "ops", "EOPIPE_RENEW_DEADLINE_SECONDS": "15"},
      "< EOPIPE_LEASE_DURATION_SECONDS (got 2, 15, 15)"),

@@ -110,10 +110,15 @@ creates, which the API server authorizes as both patch and create.
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
   verbs: [get, create, patch]
-# The dedup pods (observe.py reads their /status), and the Spark driver pods (sparkstage.py).
+# The dedup pods (observe.py reads their /status), and the Spark driver pods (sparkstage.py);
+# delete: node loss (control/nodeloss.py) force-deletes a dedup pod stuck on a lost node, by uid.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list]
+  verbs: [list, delete]
+# Node loss: a dedup pod's claim pinned to a lost node is deleted (by uid) for a new one.
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [delete]
 # Kafka credentials named by spec.kafka.sasl / spec.kafka.tls Secret references (read); the
 # pipeline's state-endpoint token Secret (control/tokens.py: created once, then read). RBAC
 # cannot name the object of a create: `create` is for that Secret, which nothing else can make
@@ -132,9 +137,10 @@ creates, which the API server authorizes as both patch and create.
 {{- end -}}
 
 {{/*
-Cluster-scoped reads Kopf needs in every mode: it observes CRDs, and it lists and watches
-namespaces even when given exact names (without it, Kopf retries for about a minute, then
-falls back to assuming the named namespaces exist, logging 403s all along).
+Cluster-scoped reads the operator needs in every mode: Kopf observes CRDs, and it lists and
+watches namespaces even when given exact names (without it, Kopf retries for about a minute,
+then falls back to assuming the named namespaces exist, logging 403s all along); node loss
+reads Nodes and PersistentVolumes by name.
 */}}
 {{- define "eopipe.kopfClusterRules" -}}
 - apiGroups: [apiextensions.k8s.io]
@@ -143,6 +149,11 @@ falls back to assuming the named namespaces exist, logging 403s all along).
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
+# Node loss (control/nodeloss.py): the Ready condition of the dedup pods' nodes and whether a
+# claim's volume is pinned to one node, each read by name.
+- apiGroups: [""]
+  resources: [nodes, persistentvolumes]
+  verbs: [get]
 {{- end -}}
 
 {{/* A JSON list of anchored regular expressions of globs whose only wildcard is `*`

@@ -136,6 +136,7 @@ convention; `kubectl wait --for=condition=Ready` and Argo CD (`argocd/health.lua
 | `rebalance` | present while partitions move between pods or the partition count grows: `id`, `type` (`replicas` or `partitions`), `phase` (`ScalingUp`, `HandingOff`, `Pausing`, `CreatingPartitions`, `Resharding`, `Finalizing`), `fromReplicas`/`toReplicas`, `fromPartitions`/`toPartitions`, `startedAt`, `message`, `targetGeneration` and `target` (the assignment being published), and `moves`: per partition `from`, `to` and, once it runs at its new owner, `method` (`snapshot`, `rebuild`, `local`, `reshard-import`), `bytes`, `keys`, `pauseMs`. The operator resumes a rebalance from here after a restart |
 | `lastRebalance` | summary of the last finished rebalance: from/to replicas and partitions, `partitionsMoved`, `snapshot` and `rebuild` counts, `bytesMoved`, `keysMoved`, `maxPauseMs` (per handoff) or `pauseMs` (the whole re-shard pause), `rebuilt` partitions, `startedAt`, `finishedAt`, `durationSeconds` |
 | `restores` | per partition, the last restore from the object store a dedup pod reported (`spec.dedup.backup`: its state was gone and came back from a snapshot): `pod`, `snapshotOffset`, `replayed` (records replayed from the snapshot's offset), `seconds`. Each new one is told once by a `StateRestored` event |
+| `lastNodeLoss` | the last time the operator acted on a lost node (docs/design.md#node-loss): `at`, `nodes`, `pods` force-deleted, `claims` deleted (each also a Warning event `NodeLost`) |
 
 ### Conditions
 

@@ -10,7 +10,9 @@ to that node keeps the replacement `Pending`. Once the node has been NotReady fo
 - deletes each claim of that pod whose volume is pinned to a lost node (a local volume): the
   StatefulSet makes a new, empty one and the worker's lost-volume path restores the
   partitions (a snapshot with spec.dedup.backup, else a rebuild from Kafka). A network volume
-  (not pinned to one node) is kept: it follows the pod.
+  (not pinned to one node) is kept: it follows the pod. A replacement already pending on such
+  a claim is deleted with it (never started, nothing to fence): the StatefulSet makes a
+  missing claim only when it makes the pod, and makes neither while the claim is terminating.
 
 Why that is safe: fencing is Kafka's, not Kubernetes' (docs/design.md#fencing). The
 replacement's `init_transactions()` fences whatever still runs on the lost node, so a zombie
@@ -150,22 +152,31 @@ def decide(facts: Facts) -> Plan:
             continue
         # On a lost node, or not scheduled yet (a replacement): a claim pinned to a lost node
         # keeps the pod from starting anywhere else.
+        pinned_away = None
         for name in pod.claims:
             claim = facts.claims.get(name)
-            if claim is None or claim.node is None or claim.deleting:
+            if claim is None or claim.node is None:
                 continue
             claim_state, claim_why = state(facts, claim.node)
             if claim_state == LOST:
-                actions.append(DeleteClaim(claim.name, claim.uid, pod.name, claim.node,
-                                           f"deleted claim {claim.name} of pod {pod.name}{owns}: its volume is on "
-                                           f"{claim_why}; a new volume is restored from the last snapshot "
-                                           "(spec.dedup.backup) or rebuilt from Kafka"))
-            elif claim_state == WAITING:
+                pinned_away = pinned_away or claim_why
+                if not claim.deleting:
+                    actions.append(DeleteClaim(claim.name, claim.uid, pod.name, claim.node,
+                                               f"deleted claim {claim.name} of pod {pod.name}{owns}: its volume is "
+                                               f"on {claim_why}; a new volume is restored from the last snapshot "
+                                               "(spec.dedup.backup) or rebuilt from Kafka"))
+            elif claim_state == WAITING and not claim.deleting:
                 waiting.append(f"claim {claim.name} of pod {pod.name}{owns}: {claim_why}; acting at {limit}")
         if node_state == LOST:
             actions.append(ForceDeletePod(pod.name, pod.uid, pod.node,
                                           f"force-deleted pod {pod.name}{owns}: {node_why}; the StatefulSet "
                                           "recreates it on a live node, and Kafka fences the old one"))
+        elif pinned_away:
+            # The StatefulSet makes a missing claim only with a new pod: a pending one would wait
+            # for its deleted claim for ever. It never ran, so nothing is fenced.
+            actions.append(ForceDeletePod(pod.name, pod.uid, "",
+                                          f"deleted pod {pod.name}{owns}, pending on a claim whose volume is on "
+                                          f"{pinned_away}: the StatefulSet makes both again"))
     # Claims first: the replacement must not be made on the claim that pins it to the lost node.
     actions.sort(key=lambda a: isinstance(a, ForceDeletePod))
     return Plan(tuple(actions), tuple(waiting))

@@ -1,7 +1,8 @@
 """What a reconcile pass decides on, read from the cluster and from Kafka: the source topic's
 partition count, the published assignment, the StatefulSet, the dedup pods with their /status,
-and (while pausing for a re-shard) the group's committed offsets. Only reads; the decisions are
-control.rebalance's, from these facts."""
+and (while pausing for a re-shard) the group's committed offsets; for node loss, the dedup pods'
+nodes and claims. Only reads; the decisions are control.rebalance's and control.nodeloss's,
+from these facts."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaException, TopicParti
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from kubernetes import client
 
-from eopipe.control import policy
+from eopipe.control import nodeloss, policy
+from eopipe.control.builders.dedup import STATE_VOLUME
 from eopipe.control.kube import Applier
 from eopipe.control.policy import TenantPolicy
 from eopipe.core import kafkaconf
@@ -122,3 +124,79 @@ class Observer:
             return None
         finally:
             c.close()
+
+    def node_loss(self, names: Names, now_ms: int, threshold_ms: int,
+                  serving: set[str], owners: dict[str, tuple[int, ...]]) -> nodeloss.Facts:
+        """The facts of control/nodeloss: the dedup pods, the Nodes they and their claims are on,
+        and (only for a pod whose node is not Ready, or not scheduled) its claims with the node
+        their volume is pinned to. With every node Ready: one list and one get per node."""
+        sel = ",".join(f"{k}={v}" for k, v in names.selector("dedup").items())
+        # Only the StatefulSet's own pods and their state claims (state-<pod>): a pod that only
+        # carries the labels, or a claim it names, is never the operator's to delete.
+        pods = [nodeloss.Pod(
+            name=pod.metadata.name, uid=pod.metadata.uid, node=pod.spec.node_name or "",
+            claims=tuple(v.persistent_volume_claim.claim_name for v in pod.spec.volumes or ()
+                         if v.persistent_volume_claim is not None
+                         and v.persistent_volume_claim.claim_name == f"{STATE_VOLUME}-{pod.metadata.name}"),
+            deleting=pod.metadata.deletion_timestamp is not None, serving=pod.metadata.name in serving,
+            partitions=owners.get(pod.metadata.name, ()))
+            for pod in self.core.list_namespaced_pod(names.namespace, label_selector=sel).items
+            if any(o.kind == "StatefulSet" and o.name == names.dedup and o.controller
+                   for o in pod.metadata.owner_references or ())]
+        nodes: dict[str, nodeloss.Node] = {}
+        read: set[str] = set()
+
+        def node(name: str) -> None:
+            if name and name not in read:
+                read.add(name)
+                if (found := self._node(name)) is not None:
+                    nodes[name] = found
+        for pod in pods:
+            node(pod.node)
+        claims = {}
+        for pod in pods:
+            if pod.node and nodes.get(pod.node, nodeloss.Node("", "")).ready == "True":
+                continue
+            for name in pod.claims:
+                if (claim := self._claim(names.namespace, name)) is not None:
+                    claims[name] = claim
+                    node(claim.node or "")
+        return nodeloss.Facts(now_ms, threshold_ms, tuple(pods), claims, nodes)
+
+    def _node(self, name: str) -> nodeloss.Node | None:
+        try:
+            n = self.core.read_node(name)
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        cond = next((c for c in (n.status and n.status.conditions) or () if c.type == "Ready"), None)
+        if cond is None:
+            return nodeloss.Node(name, "")
+        since = cond.last_transition_time
+        return nodeloss.Node(name, cond.status or "", int(since.timestamp() * 1000) if since else None)
+
+    def _claim(self, namespace: str, name: str) -> nodeloss.Claim | None:
+        """The claim, pinned to the node of its PersistentVolume's hostname affinity; a claim not
+        bound yet, to the node the scheduler picked for it (volume.kubernetes.io/selected-node)."""
+        try:
+            pvc = self.core.read_namespaced_persistent_volume_claim(name, namespace)
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        pinned = None
+        if pvc.spec.volume_name:
+            try:
+                pv = self.core.read_persistent_volume(pvc.spec.volume_name)
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+            else:
+                required = pv.spec.node_affinity and pv.spec.node_affinity.required
+                pinned = nodeloss.pinned_node([
+                    [(x.key, x.operator, tuple(x.values or ())) for x in t.match_expressions or ()]
+                    for t in (required.node_selector_terms if required else ())])
+        else:
+            pinned = (pvc.metadata.annotations or {}).get(nodeloss.SELECTED_NODE)
+        return nodeloss.Claim(name, pvc.metadata.uid, pinned, pvc.metadata.deletion_timestamp is not None)

@@ -16,6 +16,7 @@ from eopipe.control.recorder import StatusRecorder
 from eopipe.control.settings import Settings
 from eopipe.control.status import Condition
 from eopipe.core.names import Names
+from eopipe.core.rebalancing import Facts
 
 
 def first_error(exc: BaseException) -> str:
@@ -69,6 +70,7 @@ class Pass:
     def __init__(self, plane: Plane, names: Names, body: dict, out: Outcome):
         self.plane, self.names, self.body, self.out = plane, names, body, out
         self._admin: AdminClient | None = None
+        self.facts: Facts | None = None  # the dedup stage's last observation (stage_dedup)
 
     @property
     def meta(self) -> dict:

@@ -6,8 +6,9 @@ handler writes status and events (through the one StatusRecorder, control/record
 
 The orchestration only: the policy and conflict checks, then the stages, each in its module
 and each returning its conditions (status.STAGES): the dedup stage with its rebalances and the
-topics it needs (stage_dedup, stage_topics), the health checks on it (stage_health), the Spark
-stage (stage_spark). A pass has one Kafka admin client (passctx.Pass), let go at its end.
+topics it needs (stage_dedup, stage_topics), the health checks on it (stage_health), node loss
+(stage_nodes: last, as its DedupReady explains a lag the others see), the Spark stage
+(stage_spark). A pass has one Kafka admin client (passctx.Pass), let go at its end.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import threading
 from kubernetes import client
 from pydantic import ValidationError
 
-from eopipe.control import policy, stage_dedup, stage_health, stage_spark
+from eopipe.control import policy, stage_dedup, stage_health, stage_nodes, stage_spark
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.conflicts import Claim, claim, conflicts
 from eopipe.control.kube import Applier, ApplyError
@@ -90,7 +91,7 @@ class Reconciler:
         out.stages += stage_dedup.run(p)  # the topics stage runs inside it, at the partition count it steps to
         if out.stalled is not None:
             return
-        for check in (stage_health.transactions, stage_health.lag_threshold):
+        for check in (stage_health.transactions, stage_health.lag_threshold, stage_nodes.run):
             if (degraded := check(p)) is not None:
                 out.replace(degraded)
         try:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import json
 
-from eopipe.control import access, policy
+from eopipe.control import access, nodeloss, policy
 from eopipe.control.builders.access import PolicyPeers
 from eopipe.control.builders.spark import DRIVER_CLUSTER_ROLE
 
@@ -31,6 +31,9 @@ class Settings:
     # How often a pipeline with spec.dedup.autoscale is observed and decided on (the HPA's sync
     # period): the resync is too far apart for a load step.
     autoscale_seconds: float = 15.0
+    # A dedup pod whose node has been NotReady this long (or is gone) is force-deleted, and its
+    # claim too if pinned to that node (control/nodeloss.py). 0: never.
+    node_lost_seconds: float = nodeloss.DEFAULT_THRESHOLD_SECONDS
     # The namespaces the operator watches (--namespace); empty: all. Topics are cluster-wide in
     # Kafka, so a pipeline's written topics are compared with every pipeline it can see here.
     namespaces: tuple[str, ...] = ()
@@ -57,6 +60,8 @@ class Settings:
         """One clear error for a configuration that cannot work."""
         if self.resync_seconds <= 0:
             raise ValueError("EOPIPE_RESYNC_SECONDS must be above 0")
+        if self.node_lost_seconds < 0:
+            raise ValueError("EOPIPE_NODE_LOST_SECONDS must be 0 (never act) or above")
         if self.leader_election:
             if not self.lease_namespace:
                 raise ValueError("leader election needs the Lease's namespace: set POD_NAMESPACE "
@@ -86,6 +91,7 @@ class Settings:
                    hanging_transaction_seconds=num("EOPIPE_HANGING_TRANSACTION_SECONDS",
                                                    d.hanging_transaction_seconds),
                    autoscale_seconds=num("EOPIPE_AUTOSCALE_SECONDS", d.autoscale_seconds),
+                   node_lost_seconds=num("EOPIPE_NODE_LOST_SECONDS", d.node_lost_seconds),
                    namespaces=tuple(namespaces),
                    leader_election=_flag(environ, "EOPIPE_LEADER_ELECTION", d.leader_election),
                    lease_name=environ.get("EOPIPE_LEASE_NAME", d.lease_name),

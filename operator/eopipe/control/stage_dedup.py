@@ -54,6 +54,7 @@ def run(p: Pass) -> list[Condition]:
                           Condition(DEDUP, False, "KafkaUnavailable", "cannot observe the source topic; nothing changed")]
             out.retry = True
             break
+        p.facts = facts
         wanted, auto = _autoscale(p, facts, rb, auto)
         plan = rebalance_sm.step(dataclasses.replace(facts, replicas=wanted), rb)
         if plan.rebalance != rb or plan.last is not None:

@@ -25,6 +25,8 @@ from eopipe.core.names import Names
 from eopipe.core.spec import Resources
 
 ASSIGNMENT_DIR = "/etc/eopipe/assignment"
+# The volume claim template: each pod's claim is state-<pod> (node loss deletes only those).
+STATE_VOLUME = "state"
 # The root filesystem is read-only; /tmp is the one scratch directory (an emptyDir) for whatever
 # a library writes there. The worker's own files are all under STATE_DIR.
 TMP_DIR = "/tmp"
@@ -193,7 +195,7 @@ def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
                            "periodSeconds": 2, "timeoutSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                           "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 6},
-        "volumeMounts": [{"name": "state", "mountPath": STATE_DIR},
+        "volumeMounts": [{"name": STATE_VOLUME, "mountPath": STATE_DIR},
                          {"name": "assignment", "mountPath": ASSIGNMENT_DIR, "readOnly": True},
                          {"name": "tmp", "mountPath": TMP_DIR}],
         "securityContext": pods.container_security_context(read_only_root_filesystem=True),
@@ -211,7 +213,7 @@ def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": names.selector("dedup")},
             "template": _pod_template(names, container, labels),
-            "volumeClaimTemplates": [{"metadata": {"name": "state", "labels": labels},
+            "volumeClaimTemplates": [{"metadata": {"name": STATE_VOLUME, "labels": labels},
                                       "spec": storage}],
             "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
         },

@@ -1,0 +1,61 @@
+"""Node loss, the I/O around control/nodeloss.decide: the facts read (observe.py), the plan's
+deletes made, each a Warning event NodeLost, the last one recorded in status.lastNodeLoss,
+and the DedupReady condition that replaces the stage's own while a node is lost or NotReady.
+The partitions come back through the worker's own recovery (docs/design.md#node-loss)."""
+
+from __future__ import annotations
+
+import time
+
+from kubernetes import client
+
+from eopipe.control import nodeloss
+from eopipe.control.passctx import Pass
+from eopipe.control.status import DEDUP, Condition
+from eopipe.core.durations import rfc3339
+
+
+def run(p: Pass) -> Condition | None:
+    """None while every node of the pipeline's dedup pods is Ready (or node loss is off)."""
+    threshold = p.plane.settings.node_lost_seconds
+    if threshold <= 0:
+        return None
+    facts = p.facts
+    serving = {n for n, pf in facts.pods.items() if pf.status is not None and pf.status.ready} if facts else set()
+    owners = ({pod: tuple(facts.assignment.partitions_of(pod)) for pod in facts.pods}
+              if facts and facts.assignment else {})
+    now_ms = int(time.time() * 1000)
+    plan = nodeloss.decide(p.plane.observer.node_loss(p.names, now_ms, int(threshold * 1000), serving, owners))
+    done, failed = [], []
+    for action in plan.actions:
+        try:
+            _perform(p.plane.core, p.names.namespace, action)
+        except client.ApiException as e:  # the next pass decides again from what it finds
+            what = f"pod {action.pod}" if isinstance(action, nodeloss.ForceDeletePod) else f"claim {action.claim}"
+            failed.append(f"could not delete {what} ({e.status} {e.reason}); trying again")
+            continue
+        done.append(action)
+        p.out.events.append(("Warning", "NodeLost", action.why))
+    if done:
+        p.out.fields["lastNodeLoss"] = {
+            "at": rfc3339(now_ms), "nodes": sorted({a.node for a in done}),
+            "pods": sorted({a.pod for a in done if isinstance(a, nodeloss.ForceDeletePod)}),
+            "claims": sorted({a.claim for a in done if isinstance(a, nodeloss.DeleteClaim)})}
+    if failed:
+        return Condition(DEDUP, False, "NodeLost", "; ".join([a.why for a in done] + failed))
+    return plan.condition()
+
+
+def _perform(core: client.CoreV1Api, namespace: str, action) -> None:
+    """One delete, of the object observed only (a uid precondition: never its replacement of
+    the same name). Already gone or already replaced is done."""
+    try:
+        if isinstance(action, nodeloss.ForceDeletePod):
+            core.delete_namespaced_pod(action.pod, namespace, grace_period_seconds=0, body=client.V1DeleteOptions(
+                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=action.uid)))
+        else:
+            core.delete_namespaced_persistent_volume_claim(action.claim, namespace, body=client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(uid=action.uid)))
+    except client.ApiException as e:
+        if e.status not in (404, 409):
+            raise
