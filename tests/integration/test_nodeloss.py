@@ -1,7 +1,7 @@
 """Node loss wired to a real API server and its controllers (control/stage_nodes.py): the facts
 read, the deletes made, and the StatefulSet making the pod and its claim again. One pipeline's
 StatefulSet (a pod that never runs: no node takes it), a Node that stopped reporting 10 minutes
-ago, the pod bound to it with its claim pinned there. No kubelet, no Kafka."""
+ago, the pod bound to it, its claim bound to a local PersistentVolume there. No kubelet, no Kafka."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from kubernetes import client
 from eopipe.control import stage_nodes
 from eopipe.control.builders.dedup import STATE_VOLUME
 from eopipe.control.kube import Applier
-from eopipe.control.nodeloss import SELECTED_NODE
 from eopipe.control.observe import Observer
 from eopipe.control.passctx import Outcome, Pass, Plane
 from eopipe.control.recorder import StatusRecorder
@@ -69,14 +68,21 @@ def test_a_pod_on_a_lost_node_and_its_local_claim_are_replaced(kube_api, k8s_nam
         pod_name, claim_name = f"{names.dedup}-0", f"{STATE_VOLUME}-{names.dedup}-0"
         pod = _wait("the StatefulSet's pod", lambda: next(iter(core.list_namespaced_pod(
             k8s_namespace, field_selector=f"metadata.name={pod_name}").items), None))
-        # As the scheduler would have done for a local volume: the pod bound to the node, the
-        # claim's volume chosen there.
+        # As the scheduler and the volume binder would have done for a local volume: the pod
+        # bound to the node, the claim to a volume there.
         core.create_namespaced_pod_binding(pod_name, k8s_namespace, client.V1Binding(
             metadata=client.V1ObjectMeta(name=pod_name),
             target=client.V1ObjectReference(api_version="v1", kind="Node", name=lost)), _preload_content=False)
-        core.patch_namespaced_persistent_volume_claim(claim_name, k8s_namespace,
-                                                      {"metadata": {"annotations": {SELECTED_NODE: lost}}})
         claim_uid = core.read_namespaced_persistent_volume_claim(claim_name, k8s_namespace).metadata.uid
+        core.create_persistent_volume({
+            "metadata": {"name": lost}, "spec": {
+                "capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+                "persistentVolumeReclaimPolicy": "Retain", "local": {"path": "/nonexistent"},
+                "claimRef": {"namespace": k8s_namespace, "name": claim_name, "uid": claim_uid},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [lost]}]}]}}}})
+        _wait("the claim bound to the local volume", lambda: core.read_namespaced_persistent_volume_claim(
+            claim_name, k8s_namespace).spec.volume_name or None)
         # A pod of the tenant's with the dedup labels on the same node: not the StatefulSet's.
         core.create_namespaced_pod(k8s_namespace, {
             "metadata": {"name": "decoy", "labels": labels}, "spec": {
@@ -112,3 +118,8 @@ def test_a_pod_on_a_lost_node_and_its_local_claim_are_replaced(kube_api, k8s_nam
         assert stage_nodes.run(p) is None and not p.out.events
     finally:
         core.delete_node(lost)
+        try:
+            core.delete_persistent_volume(lost)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
