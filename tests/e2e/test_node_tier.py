@@ -33,7 +33,9 @@ from localenv import REPO_ROOT
 from localenv.node import NETNS, NETPOL_STATUS, NODE_NAME, POD_CIDR
 from localenv.node.__main__ import kill_container, kubectl_argv
 from localenv.node.host import shim_sockets
+from localenv.node import objectstore as node_objectstore
 from localenv.node.images import commit_app_image, commit_spark_image, tree_at
+from localenv.objectstore import S3Credentials
 from tests.helpers import nodetier
 from tests.helpers.docs import sh_blocks
 from tests.helpers.manifests import differences
@@ -409,11 +411,15 @@ def _spark_app(ns: str, name: str) -> dict:
     return kubectl_json("-n", ns, "get", "sparkapplication", name).get("status") or {}
 
 
-def _start_spark_example(ns: str, name: str, example: str) -> None:
-    """examples/<example> applied as written in a new namespace, until Ready with its Spark
-    driver RUNNING and an executor pod Running."""
+def _start_spark_example(ns: str, name: str, example: str, patch: dict | None = None,
+                         first: tuple[dict, ...] = ()) -> None:
+    """examples/<example> applied as written (with `patch` merged in) in a new namespace, after
+    the objects `first`, until Ready with its Spark driver RUNNING and an executor pod Running."""
     kubectl("create", "namespace", ns)
-    kubectl("-n", ns, "apply", "-f", str(REPO_ROOT / "examples" / example))
+    for obj in first:
+        kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(obj))
+    doc = yaml.safe_load((REPO_ROOT / "examples" / example).read_text())
+    kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(_merged(doc, patch or {})))
     t = time.monotonic()
     wait(lambda: _settled(ns, name) and _spark_app(ns, f"{name}-spark").get("applicationState", {}).get("state")
          == "RUNNING", 400, f"{name} Ready with its Spark driver RUNNING")
@@ -490,16 +496,101 @@ def _wait_resubmitted(ns: str, name: str) -> None:
     log(f"driver resubmitted (attempt 2), its query running again in {time.monotonic() - t:.0f}s")
 
 
+def _object_store_pod() -> S3Credentials:
+    """SeaweedFS as a pod (localenv/node/objectstore.py: its image, Deployment, claim, Service and
+    S3 identity from a Secret), and the bucket `eopipe` made by an S3 call through its Service, as
+    a user would. The identity's credentials."""
+    t = time.monotonic()
+    ref, archive = node_objectstore.image()
+    nodetier.import_image(archive)
+    creds = S3Credentials("eopipe-node", secrets.token_hex(16))
+    kubectl("apply", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "List", "items": node_objectstore.manifests(ref, creds)}))
+    kubectl("-n", node_objectstore.NAMESPACE, "rollout", "status", f"deployment/{node_objectstore.NAME}",
+            "--timeout=180s", timeout=200)
+    ip = kubectl("-n", node_objectstore.NAMESPACE, "get", "service", node_objectstore.NAME,
+                 "-o", "jsonpath={.spec.clusterIP}")
+    make = (f"from localenv.objectstore import S3Client, S3Credentials\n"
+            f"S3Client('http://{ip}:{node_objectstore.S3_PORT}', S3Credentials(*{[creds.access_key, creds.secret_key]!r}),"
+            " timeout=5).create_bucket('eopipe')")
+    wait(lambda: nodetier.run(in_tier(nodetier.PY, "-c", make)).returncode == 0, 60, "the bucket made", interval=2)
+    log(f"SeaweedFS pod ({ref}) serving S3 at {node_objectstore.ENDPOINT}, bucket eopipe made, "
+        f"in {time.monotonic() - t:.0f}s")
+    return creds
+
+
+def _backup_to(pipeline: str, secret: str) -> dict:
+    """spec.dedup.backup to the SeaweedFS pod, its credentials from `secret`."""
+    return {"spec": {"dedup": {"backup": {
+        "uri": f"s3://eopipe/{pipeline}", "endpoint": node_objectstore.ENDPOINT, "interval": "5s", "retention": 2,
+        "credentials": {"accessKeyId": {"name": secret, "key": "AWS_ACCESS_KEY_ID"},
+                        "secretAccessKey": {"name": secret, "key": "AWS_SECRET_ACCESS_KEY"}}}}}}
+
+
+def _worker_log(ns: str, pod: str, msg: str) -> dict[int, dict]:
+    """The worker's JSON log lines `msg` by partition, the last of each."""
+    out = {}
+    for line in kubectl("-n", ns, "logs", pod, check=False).splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and doc.get("msg") == msg:
+            out[doc["partition"]] = doc
+    return out
+
+
+def _lose_state(ns: str, pod: str) -> None:
+    """The pod's claim and the pod deleted, as a lost volume is replaced by hand: the claim first
+    (it goes once no pod uses it), then the pod (grace 0, forced). A replacement pod created while
+    the old claim was still terminating cannot be scheduled on it: deleted again, as a user would,
+    until the StatefulSet's pod runs on a new claim."""
+    claim = next(v["persistentVolumeClaim"]["claimName"] for v in kubectl_json("-n", ns, "get", "pod", pod)["spec"]
+                 ["volumes"] if "persistentVolumeClaim" in v)
+    uid = kubectl_json("-n", ns, "get", "pvc", claim)["metadata"]["uid"]
+    kubectl("-n", ns, "delete", "pvc", claim, "--wait=false")
+    kubectl("-n", ns, "delete", "pod", pod, "--grace-period=0", "--force")
+    log(f"deleted claim {claim} and pod {pod} (--grace-period=0 --force)")
+    t = time.monotonic()
+
+    def replaced() -> bool:
+        pvc = json.loads(kubectl("-n", ns, "get", "pvc", claim, "-o", "json", "--ignore-not-found", check=False)
+                         or "{}")
+        new = pvc.get("metadata", {}).get("uid") not in (None, uid)
+        if new and pvc["status"].get("phase") == "Bound":
+            return True
+        p = json.loads(kubectl("-n", ns, "get", "pod", pod, "-o", "json", "--ignore-not-found", check=False) or "{}")
+        if not new and p and p["status"].get("phase") == "Pending" and not p["spec"].get("nodeName"):
+            kubectl("-n", ns, "delete", "pod", pod, "--wait=false", check=False)
+            log(f"{pod} Pending on the deleted claim: deleted again")
+        return False
+    wait(replaced, 180, f"{pod} on a new claim {claim}", interval=3)
+    log(f"{pod} on a new claim {claim} in {time.monotonic() - t:.0f}s")
+
+
+def _pipeline_events(ns: str, name: str, reason: str) -> list[str]:
+    uid = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)["metadata"]["uid"]
+    items = kubectl_json("-n", ns, "get", "events", "--field-selector", f"involvedObject.uid={uid}")["items"]
+    return [e["message"] for e in items if e["reason"] == reason]
+
+
 def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
     """examples/file-sink.yaml as written: clicks deduplicated by a header, selected by SQL with
     the example's schema, written as Parquet by the driver and two executors onto one
-    ReadWriteMany claim (the tier's `shared` class). Under resends the driver's container is
-    killed mid-stream (resubmitted from the checkpoint on that claim); then the Parquet rows,
-    read through Spark's reader (which honours _spark_metadata), are every click with a page,
-    each exactly once."""
+    ReadWriteMany claim (the tier's `shared` class). Its dedup state backed up to SeaweedFS run as
+    a pod (spec.dedup.backup, credentials from a Secret). Under resends a dedup pod's claim and
+    the pod are deleted: its partitions are restored from the object store's snapshots and
+    replayed from their offsets, not rebuilt (the worker's log and a StateRestored event say
+    so); the driver's container is killed mid-stream (resubmitted from the checkpoint on that
+    claim); then the Parquet rows, read through Spark's reader (which honours _spark_metadata),
+    are every click with a page, each exactly once."""
+    _install_operator_if_absent(node_tier)
     ns, name = "clicks", "clicks"
     example = yaml.safe_load((REPO_ROOT / "examples" / "file-sink.yaml").read_text())
-    _start_spark_example(ns, name, "file-sink.yaml")
+    creds = _object_store_pod()
+    secret = {"apiVersion": "v1", "kind": "Secret",
+              "metadata": {"name": "clicks-s3", "annotations": {OPT_IN: name}}, "stringData": creds.env()}
+    _start_spark_example(ns, name, "file-sink.yaml", _backup_to(name, "clicks-s3"), first=(secret,))
     pvc = kubectl_json("-n", ns, "get", "pvc", f"{name}-spark-checkpoint")
     assert pvc["status"]["accessModes"] == ["ReadWriteMany"], pvc["status"]
     pv = kubectl_json("get", "pv", pvc["spec"]["volumeName"])["spec"]
@@ -509,6 +600,13 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
 
     load = subprocess.Popen(in_tier(nodetier.PY, "-m", "tests.helpers.clicks", BOOTSTRAP, "clicks", "9000", "300",
                                     "16"), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A lost volume under load: once each partition of the pod has a snapshot of some clicks.
+    pod = f"{name}-dedup-1"
+    owned = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)["status"]["assignment"][pod]
+    taken = wait(lambda: (up := _worker_log(ns, pod, "snapshot uploaded")) and all(
+        up.get(p, {}).get("applied_offset", 0) > 0 for p in owned) and up, 120, f"snapshots of {pod}'s {owned}")
+    assert load.poll() is None, "the load ended before the volume was lost: raise its count"
+    _lose_state(ns, pod)
     wait(lambda: list(out.glob("_spark_metadata/[0-9]*")), 240, "a first batch in the file sink's log")
     log(f"killed the Spark driver's container under the kubelet: {kill_container(ns, f'{name}-spark-driver')[:12]}")
     _wait_resubmitted(ns, name)
@@ -516,12 +614,29 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
     assert load.returncode == 0, err
     sent = json.loads(stdout)
     log(f"clicks: {sent['records']} records, {sent['clicks']} clicks, {len(sent['expected'])} with a page")
+    # Restored from the newest snapshot (at or after the one seen before the loss) and replayed from
+    # its offset only.
+    running = wait(lambda: (r := _worker_log(ns, pod, "partition running")) and set(owned) <= set(r) and r, 120,
+                   f"{pod}'s partitions running again")
+    restored = _worker_log(ns, pod, "restored from snapshot")
+    for p in owned:
+        assert p in restored, (p, running[p])
+        r, snap = running[p], restored[p]["snapshot_offset"]
+        log(f"partition {p}: snapshot at {taken[p]['applied_offset']} seen before the loss, restored at {snap}, "
+            f"committed {r['committed']}, replayed {r['replayed']} in {r['recovery_seconds']} s")
+        assert snap >= taken[p]["applied_offset"] and r["snapshot_offset"] == r["applied_before"] == snap, r
+        assert r["recovery"] != "rebuild" and r["replayed"] <= r["committed"] - snap, r
+    told = wait(lambda: len(_pipeline_events(ns, name, "StateRestored")) >= len(owned) and
+                _pipeline_events(ns, name, "StateRestored"), 60, "a StateRestored event per partition")
+    log(f"StateRestored events: {told}")
+    assert all(f" on {pod}: " in m for m in told), told
 
     res = eopipe("verify", "--bootstrap", BOOTSTRAP, "--source", "clicks", "--key", "header:event-id",
                  "--output", f"{ns}.{name}.deduped", "--dlq", f"{ns}.{name}.dlq", "--json", "--timeout", "300")
     log(f"eopipe verify, dedup stage: {res.stdout}{res.stderr}")
     rep = json.loads(res.stdout)
     assert res.returncode == 0 and rep["unique_in"] == sent["clicks"], rep
+    assert rep["lost"] == 0 and rep["duplicated"] == 0, rep
     # Done when Spark's last committed batch ends at the deduped topic's end.
     ends = json.loads(nodetier.python("import json; from tests.helpers.sparkfiles import end_offsets; "
                                       f"print(json.dumps(end_offsets({BOOTSTRAP!r}, '{ns}.{name}.deduped')))"))
@@ -535,6 +650,7 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
     assert all(r[1] is not None and r[2] for r in rows), rows[:3]
     assert set(counts) == set(sent["expected"]) and max(counts.values()) == 1
     _delete_spark_pipeline(ns, name)  # the cores to the next test
+    kubectl("delete", "namespace", node_objectstore.NAMESPACE, "--wait=false")
 
 
 def _verify_both_stages(ns: str, name: str, source: str, sink: str) -> dict[str, dict]:
