@@ -28,6 +28,9 @@ SEEN = {"pod": "clicks-dedup-1", "snapshotOffset": 500, "replayed": 40, "seconds
     ({"clicks-dedup-1": pod(p3={**RESTORED, "recovery_seconds": 2.0})}, {"3": SEEN}, [3], {"3": {**SEEN, "seconds": 2.0}}),
     # The pod restarted since (its store kept: no snapshot_offset): the record stays, nothing told.
     ({"clicks-dedup-1": pod(p3={"recovery": "none"})}, {"3": SEEN}, [], {"3": SEEN}),
+    # A hand-edited record is nothing recorded: replaced, the restore told.
+    ({"clicks-dedup-1": pod(p3=RESTORED)}, ["3"], [3], {"3": SEEN}),
+    ({"clicks-dedup-1": pod(p3=RESTORED)}, {"3": "x"}, [3], {"3": SEEN}),
     # Two partitions restored on two pods: one event each, in order.
     ({"b": pod(p2=RESTORED), "a": pod(p0=RESTORED)}, None, [0, 2],
      {"0": {**SEEN, "pod": "a"}, "2": {**SEEN, "pod": "b"}}),
@@ -37,7 +40,7 @@ def test_each_restore_is_told_once(reports, recorded, events, record):
     assert [int(m.split()[1]) for _, _, m in out.events] == events
     assert all(t == "Normal" and r == REASON for t, r, _ in out.events)
     assert out.record == record
-    assert out.changed == (record != (recorded or {}))
+    assert out.changed == (record != (recorded if isinstance(recorded, dict) else {}))
 
 
 def test_the_message_says_where_it_came_from_and_what_was_replayed():

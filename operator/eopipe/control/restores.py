@@ -27,8 +27,11 @@ class Told:
     changed: bool = False
 
 
-def told(reports: Mapping[str, PodStatus], recorded: Mapping[str, dict] | None) -> Told:
-    record = dict(recorded or {})
+def told(reports: Mapping[str, PodStatus], recorded) -> Told:
+    """`recorded`: status.restores as read; anything but an object of objects (a hand-edited
+    status) counts as nothing recorded, and is replaced."""
+    recorded = {k: v for k, v in recorded.items() if isinstance(v, dict)} if isinstance(recorded, Mapping) else {}
+    record = dict(recorded)
     events: list[Event] = []
     for pod, st in sorted(reports.items()):
         for p, ps in sorted(st.partitions.items()):
@@ -44,4 +47,4 @@ def told(reports: Mapping[str, PodStatus], recorded: Mapping[str, dict] | None) 
                            f"partition {p} on {pod}: its state was gone and is restored from the object "
                            f"store's snapshot at offset {r.snapshot_offset}, then {seen['replayed']} records "
                            f"replayed from there ({seen['seconds']} s), not rebuilt over the window"))
-    return Told(record, events, record != dict(recorded or {}))
+    return Told(record, events, record != recorded)
