@@ -55,8 +55,9 @@ Rules (what a pod sees):
   and its Ready heartbeat are renewed every 10 s; not-ready/unreachable taints are removed.
 * PVCs: for each Pending claim without a volume the agent creates a hostPath PV pre-bound to
   it (capacity = request, claim's access modes and class, Retain), and the real PV controller
-  binds them. A default StorageClass `local` (provisioner eopipe.dev/local-test, Immediate) is
-  created if missing.
+  binds them; a claim of no class (`storageClassName: ""`) is left to a volume made by hand, as
+  Kubernetes never provisions one. A default StorageClass `local` (provisioner
+  eopipe.dev/local-test, Immediate) is created if missing.
 
 Run as a subprocess (`NodeAgent.start()`), so that its life does not depend on the test
 process's threads or GIL and tests can stop/restart it like a node:

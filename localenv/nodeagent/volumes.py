@@ -67,6 +67,8 @@ class Provisioner:
             return
         if (pvc.get("status") or {}).get("phase", "Pending") != "Pending" or md["uid"] in self._done:
             return
+        if spec.get("storageClassName") == "":
+            return  # "no class": bound only to a volume made by hand, as Kubernetes does; never provisioned
         if spec.get("volumeMode") == "Block":
             log.warning(kv(event="pvc.skipped", pvc=pod_key(pvc), reason="Block volumes unsupported"))
             return

@@ -178,6 +178,23 @@ def test_pv_for_claim():
     assert pv_for_claim(pvc, "/x")["spec"]["storageClassName"] == ""
 
 
+@pytest.mark.parametrize("klass, provisioned", [("local", True), (None, True), ("", False)])
+def test_the_provisioner_leaves_a_claim_with_no_class_to_a_volume_made_by_hand(tmp_path, klass, provisioned):
+    from localenv.nodeagent.volumes import Provisioner
+
+    made = []
+
+    class Kube:
+        def create(self, path, body):
+            made.append(body["metadata"]["name"])
+            return True
+
+    spec = {"accessModes": ["ReadWriteOnce"]} | ({} if klass is None else {"storageClassName": klass})
+    Provisioner(Kube(), tmp_path).on_pvc({"metadata": {"name": "state-p-0", "namespace": "ns", "uid": "u1"},
+                                          "spec": spec, "status": {"phase": "Pending"}})
+    assert made == (["pvc-u1"] if provisioned else [])
+
+
 def test_probe_state_thresholds():
     p = ProbeState({"periodSeconds": 1, "failureThreshold": 2, "initialDelaySeconds": 5}, "readiness", 100.0)
     assert not p.result and not p.due(104.0) and p.due(105.0)

@@ -60,11 +60,17 @@ def test_a_pod_on_a_lost_node_and_its_local_claim_are_replaced(kube_api, k8s_nam
             "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": names.dedup, "labels": labels},
             "spec": {"replicas": 1, "serviceName": names.dedup, "podManagementPolicy": "Parallel",
                      "selector": {"matchLabels": names.selector("dedup")},
-                     "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                     # No scheduler serves this name: the test binds the pod itself, whatever
+                     # nodes other tests left on the shared control plane (eopipe-node-0).
+                     "template": {"metadata": {"labels": labels}, "spec": {
+                         "schedulerName": "eopipe-test-binds-it", "containers": [
                          {"name": "dedup", "image": "eopipe:never-runs",
                           "volumeMounts": [{"name": STATE_VOLUME, "mountPath": "/state"}]}]}},
+                     # No class: bound only to the local volume below, never provisioned (the
+                     # process tier's node agent, if another test started it, provisions its class).
                      "volumeClaimTemplates": [{"metadata": {"name": STATE_VOLUME}, "spec": {
-                         "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}}]}})
+                         "storageClassName": "", "accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": "1Mi"}}}}]}})
         pod_name, claim_name = f"{names.dedup}-0", f"{STATE_VOLUME}-{names.dedup}-0"
         pod = _wait("the StatefulSet's pod", lambda: next(iter(core.list_namespaced_pod(
             k8s_namespace, field_selector=f"metadata.name={pod_name}").items), None))
