@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from logging import WARNING
 from typing import Callable
 
@@ -27,28 +26,10 @@ from eopipe.dedup import clients
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.partition_store import PartitionStore
-from eopipe.dedup.txn import (API_TIMEOUT_S, COMMIT_ATTEMPT_S, FENCED_CODES, Abortable, Fenced, ProducerFatal,
-                               TxnCalls)
+from eopipe.dedup.txn import (API_TIMEOUT_S, COMMIT_ATTEMPT_S, FENCED_CODES, Abortable, Committed, Counts, Fenced,
+                               ProducerFatal, TxnCalls)
 
 log = logging.getLogger("eopipe.dedup")
-
-
-@dataclass(slots=True)
-class Counts:
-    """The records of one transaction, by what became of them (added once per polled batch)."""
-
-    consumed: int = 0
-    emitted: int = 0
-    duplicates: int = 0
-    rerouted: int = 0
-    dead_lettered: int = 0
-
-
-@dataclass(frozen=True)
-class Committed:
-    offset: int          # the committed offset now (== the store's applied offset)
-    counts: Counts       # what the transaction held
-    seconds: float       # send_offsets_to_transaction + commit_transaction
 
 
 class Transaction:

@@ -65,7 +65,7 @@ class PartitionMetrics:
             self.m.partition_state.labels(self.lbl, s.value).set(1 if s is state else 0)
 
     def committed(self, done) -> None:
-        """A transaction committed (dedup/batch.Committed): its counts, latency and size."""
+        """A transaction committed (dedup/txn.Committed): its counts, latency and size."""
         c = done.counts
         self.commit_latency.observe(done.seconds)
         self.consumed.inc(c.consumed)

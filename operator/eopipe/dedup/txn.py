@@ -1,4 +1,5 @@
-"""A partition's transactional producer calls, each under a watchdog, and what their errors mean.
+"""A partition's transactional producer calls, each under a watchdog, and what their errors mean;
+what a transaction held and what its commit returns (Counts, Committed).
 
 librdkafka's send_offsets_to_transaction() can block past its timeout when the group
 coordinator went away (librdkafka issues #5456/#5511, seen here on a broker restart). So every
@@ -22,6 +23,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass
 from logging import DEBUG, WARNING
 
 from confluent_kafka import KafkaError, KafkaException
@@ -40,6 +42,24 @@ COMMIT_ATTEMPT_S = 2.0
 WATCHDOG_GRACE_S = 10.0
 # A commit-path call this long past its own timeout is stuck, not slow: probe the coordinator.
 PROBE_AFTER_S = 1.0
+
+
+@dataclass(slots=True)
+class Counts:
+    """The records of one transaction, by what became of them (added once per polled batch)."""
+
+    consumed: int = 0
+    emitted: int = 0
+    duplicates: int = 0
+    rerouted: int = 0
+    dead_lettered: int = 0
+
+
+@dataclass(frozen=True)
+class Committed:
+    offset: int          # the committed offset now (== the store's applied offset)
+    counts: Counts       # what the transaction held
+    seconds: float       # send_offsets_to_transaction + commit_transaction
 
 
 class Fenced(Exception):
