@@ -137,3 +137,29 @@ H = HOSTNAME_LABEL
 ])
 def test_pinned_node(terms, want):
     assert pinned_node(terms) == want
+
+
+@pytest.mark.parametrize("ready, reads", [
+    ((True, True), False),   # every dedup pod Ready: no node is lost, nothing is read
+    ((True, False), True),   # a NotReady pod (its node stopped reporting?): the nodes are read
+    ((), True),              # no pods observed: read
+])
+def test_the_stage_reads_nodes_only_when_a_dedup_pod_is_not_ready(ready, reads):
+    from types import SimpleNamespace
+
+    from eopipe.control import stage_nodes
+    from eopipe.core.rebalancing import PodFacts
+
+    class Observer:
+        called = False
+
+        def node_loss(self, *a, **kw):
+            Observer.called = True
+            return Facts(0, 60_000, (), {}, {})
+
+    pods = {f"d-{i}": PodFacts(f"d-{i}", ready=r) for i, r in enumerate(ready)}
+    p = SimpleNamespace(plane=SimpleNamespace(settings=SimpleNamespace(node_lost_seconds=60), observer=Observer()),
+                        facts=SimpleNamespace(pods=pods, assignment=None), names=None,
+                        out=SimpleNamespace(events=[], fields={}))
+    assert stage_nodes.run(p) is None
+    assert Observer.called is reads

@@ -24,6 +24,10 @@ def run(p: Pass) -> Condition | None:
     if threshold <= 0:
         return None
     facts = p.facts
+    if facts is not None and facts.pods and all(pf.ready for pf in facts.pods.values()):
+        # Every dedup pod Ready: none is on a lost node (the node controller turns a pod NotReady
+        # when its node stops reporting), so the pass reads no nodes and no claims.
+        return None
     serving = {n for n, pf in facts.pods.items() if pf.status is not None and pf.status.ready} if facts else set()
     owners = ({pod: tuple(facts.assignment.partitions_of(pod)) for pod in facts.pods}
               if facts and facts.assignment else {})
