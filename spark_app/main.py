@@ -288,7 +288,9 @@ def _checkpoint_refused(error: str) -> bool:
     """Says so (stderr, the termination log) when Spark refused the checkpoint for a changed
     query, or the query has none to start from (CheckpointRefused): the same spec on this
     checkpoint is refused the same way each run (exit 2)."""
-    reason = error if error.startswith(CHECKPOINT_REFUSED) else refusal(error)
+    # Ours as raised, or inside Spark's report of a batch whose sink refused (sink_kafka).
+    at = error.find(CHECKPOINT_REFUSED)
+    reason = error[at:].splitlines()[0] if at >= 0 else refusal(error)
     if reason:
         log(reason)
         write_termination_log(reason)

@@ -62,11 +62,12 @@ import sys
 import time
 from dataclasses import dataclass
 from itertools import chain
-from typing import Iterable
+from typing import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from spark_app.sink_units import Unit, decide, observe
+from spark_app.sink_units import Unit, UnknownLegacyWrites, decide, legacy_written, observe
+from spark_app.upgrade import CHECKPOINT_REFUSED
 
 # Fault-test hook only: seconds to sleep between writing a task's rows and committing, so a
 # SIGKILL lands inside an open transaction. Never set in production.
@@ -90,12 +91,17 @@ class SinkParams:
     def transactional_id(self, unit: Unit) -> str:
         return f"{self.transactional_id_prefix}.{unit.txn_suffix}"
 
+    def legacy_transactional_id(self, unit: Unit) -> str:
+        """What the task-index sink (before an upgrade) wrote this task's index under."""
+        return f"{self.transactional_id_prefix}.{unit.task}"
+
 
 @dataclass
 class Marker:
     task: int
     batch: int
     query: str | None
+    rows: int | None = None
 
     def encode(self, unit: Unit, attempt: int, rows: int) -> bytes:
         # The source ranges the unit's rows came from: what a query that lost its checkpoint
@@ -108,12 +114,13 @@ class Marker:
     @classmethod
     def decode(cls, value: bytes) -> "Marker":
         d = json.loads(value)
-        return cls(int(d["task"]), int(d["batch"]), d.get("query"))
+        rows = d.get("rows")
+        return cls(int(d["task"]), int(d["batch"]), d.get("query"), rows if isinstance(rows, int) else None)
 
 
 # ---------------------------------------------------------------------------- executor side
 
-def _new_producer(params: SinkParams, unit: Unit) -> Producer:
+def _new_producer(params: SinkParams, transactional_id: str) -> Producer:
     """A transactional producer for `unit`, initialised: init_transactions() fences every
     older producer with this transactional.id (an earlier attempt, a zombie of a previous
     driver) and completes or aborts its open transaction.
@@ -123,7 +130,7 @@ def _new_producer(params: SinkParams, unit: Unit) -> Producer:
     on every move and fail the next batch there."""
     p = Producer({
         **params.client_config,
-        "transactional.id": params.transactional_id(unit),
+        "transactional.id": transactional_id,
         # Java clients' default partitioner, so keyed output lands where Java expects it.
         "partitioner": "murmur2_random",
         "linger.ms": 5,
@@ -147,10 +154,11 @@ def _log(msg: str) -> None:
     print(f"eopipe-spark-sink: {msg}", file=sys.stderr, flush=True)
 
 
-def _commit_partitions(params: SinkParams, producer: Producer) -> int:
+def commit_partitions(params: SinkParams, client: Producer | None = None) -> int:
     n = _COMMIT_PARTITIONS.get(params.commit_topic)
     if n is None:
-        md = producer.list_topics(params.commit_topic, timeout=TIMEOUT_S).topics[params.commit_topic]
+        client = client or Producer(params.client_config)
+        md = client.list_topics(params.commit_topic, timeout=TIMEOUT_S).topics[params.commit_topic]
         if md.error is not None or not md.partitions:
             raise RuntimeError(f"commit topic {params.commit_topic!r}: {md.error or 'no partitions'}")
         n = _COMMIT_PARTITIONS[params.commit_topic] = len(md.partitions)
@@ -217,9 +225,19 @@ def read_marker(params: SinkParams, marker_key: str, partition: int, timeout: fl
         c.close()
 
 
+def _check_not_rewound(params: SinkParams, key: str, marker: Marker, batch_id: int) -> None:
+    if marker.batch > batch_id:
+        raise InconsistentCheckpoint(
+            f"{CHECKPOINT_REFUSED} commit topic {params.commit_topic} says {key} committed batch "
+            f"{marker.batch}, but the checkpoint is at batch {batch_id}: the checkpoint was restored "
+            "from an older copy; refusing to write duplicates")
+
+
 def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
-                    units: list[Unit], rows: Iterable) -> None:
-    """Runs in a Spark task: rows are (key, value) pairs of str/bytes/None."""
+                    units: list[Unit], rows: Iterable, legacy_done: frozenset[int] = frozenset()) -> None:
+    """Runs in a Spark task: rows are (key, value) pairs of str/bytes/None. `legacy_done`: the
+    tasks of a replayed batch that the task-index sink wrote before an upgrade (the driver's
+    `legacy_done`)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -234,10 +252,9 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
         return  # nothing to write; an empty task needs no marker
 
     t0 = time.monotonic()
-    producer = _new_producer(params, unit)
+    producer = _new_producer(params, params.transactional_id(unit))
     t_init = time.monotonic() - t0
-    commit_partitions = _commit_partitions(params, producer)
-    partition = unit.slot % commit_partitions
+    partition = unit.slot % commit_partitions(params, producer)
 
     # Could an earlier writer have committed (B, unit)? Only two cases:
     # * a retry (attempt > 0, including speculative copies): attempt 0 may have committed
@@ -248,17 +265,13 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
     # offsets/N in the checkpoint (a second driver on the same checkpoint fails there and
     # never runs N), and attempt 0 is the first writer of (N, unit) in this run.
     if attempt > 0 or batch_id <= first_batch_of_run:
+        if task in legacy_done:
+            _log(f"batch {batch_id} task {task} ({unit.marker_key}) attempt {attempt}: replay, written by the "
+                 "task-index sink before the upgrade, skipped")
+            return
         marker = read_marker(params, unit.marker_key, partition)
-        if marker is None and unit.legacy_key:
-            # Written by a sink that named units by task index (before an upgrade): what it
-            # says for this index is what that sink would have skipped on.
-            marker = read_marker(params, unit.legacy_key, unit.task % commit_partitions)
         if marker is not None and marker.query == query:
-            if marker.batch > batch_id:
-                raise InconsistentCheckpoint(
-                    f"commit topic {params.commit_topic} says {unit.marker_key} committed batch "
-                    f"{marker.batch}, but the checkpoint is at batch {batch_id}: the checkpoint "
-                    "was restored from an older copy; refusing to write duplicates")
+            _check_not_rewound(params, unit.marker_key, marker, batch_id)
             if marker.batch == batch_id:
                 _log(f"batch {batch_id} task {task} ({unit.marker_key}) attempt {attempt}: replay, "
                      "marker holds this batch, skipped")
@@ -314,6 +327,43 @@ def _commit(producer: Producer) -> None:
             raise
 
 
+def legacy_done(params: SinkParams, units: list[Unit], batch_id: int, query: str,
+                counts: Callable[[], list[int]]) -> frozenset[int]:
+    """On the driver, for the first batch it runs (maybe a replay): the tasks the task-index
+    sink, which ran before an upgrade, wrote already (sink_units.legacy_written); `counts` runs
+    a job for each task's rows, needed only when that sink wrote part of this batch. That sink
+    wrote no batch after the first one this sink ran, so its markers are read only while no
+    marker of this sink says this batch is a later one."""
+    # Fence the task producers of the last driver, under both namings, first: their open
+    # transactions are aborted, so the markers can be read to the end and what they say is final.
+    for u in units:
+        _new_producer(params, params.transactional_id(u)).flush(0)
+        if u.legacy_key:
+            _new_producer(params, params.legacy_transactional_id(u)).flush(0)
+    n = commit_partitions(params)
+    mine = [read_marker(params, u.marker_key, u.slot % n) for u in units]
+    mine = [m for m in mine if m is not None and m.query == query]
+    if any(m.batch < batch_id for m in mine) or len(mine) == len(units):
+        return frozenset()  # this sink wrote an earlier batch, or all of this one
+    old = [read_marker(params, u.legacy_key, u.task % n) for u in units if u.legacy_key]
+    old = [m for m in old if m is not None and m.query == query]
+    for m in old:
+        _check_not_rewound(params, f"task-{m.task}", m, batch_id)
+    written = [m.rows for m in old if m.batch == batch_id]
+    if not written:
+        return frozenset()
+    try:
+        done = legacy_written(counts(), written)
+    except UnknownLegacyWrites as e:
+        raise InconsistentCheckpoint(
+            f"{CHECKPOINT_REFUSED} batch {batch_id} is a replay the sink before the upgrade (units named "
+            f"by task index) wrote in part: {e}; nothing of it was written again. Restart from a known "
+            "point: spec.processing.upgradeMode reprocess with reprocessFrom (docs/upgrades.md)") from None
+    _log(f"batch {batch_id}: replay after an upgrade from the task-index sink, which wrote tasks "
+         f"{sorted(done)} of {len(units)} (told apart by their rows); they are skipped")
+    return done
+
+
 # ------------------------------------------------------------------------------ driver side
 
 class KafkaSinkBatchWriter:
@@ -334,16 +384,21 @@ class KafkaSinkBatchWriter:
             self.first_batch_of_run = batch_id
         records = to_kafka_records(df)
         rdd = records.rdd  # once: its partitions are the tasks the units are read from
-        units = decide(observe(rdd, self._batch_plan()))
+        query = self._query()
+        units = decide(observe(rdd, query._jsq.streamingQuery().lastExecution().executedPlan()))
+        done = frozenset()
+        if batch_id == self.first_batch_of_run and any(u.legacy_key for u in units):
+            done = legacy_done(self.params, units, batch_id, str(query.id),
+                               lambda: rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect())
         rdd.foreachPartition(partial(write_partition, self.params, batch_id,
-                                     self.first_batch_of_run, units))
+                                     self.first_batch_of_run, units, legacy_done=done))
 
-    def _batch_plan(self):
-        """The executed plan of the batch being written: the query's, not `df`'s (which only
-        scans the batch's result)."""
+    def _query(self):
+        """The running query: its id, and its executed plan for the batch being written (`df`
+        only scans the batch's result)."""
         for q in self.spark.streams.active:
             if q.name == self.query_name:
-                return q._jsq.streamingQuery().lastExecution().executedPlan()
+                return q
         raise RuntimeError(f"streaming query {self.query_name!r} is not active")
 
 

@@ -21,11 +21,18 @@ RDD lineage and executed plan through py4j, on the driver.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
+from typing import Sequence
 
 
 class UnsupportedPlan(ValueError):
     pass
+
+
+class UnknownLegacyWrites(ValueError):
+    """A replayed batch that the task-index sink wrote in part, where the facts it left do not
+    say which of the batch's tasks it wrote."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,35 @@ def decide(facts: PlanFacts) -> list[Unit]:
         units.append(Unit(i, f"src-{name}", f"p{name}", r.partition, ranges, legacy_key=f"task-{i}",
                           parts=len(parts) if len(parts) > 1 else 0))
     return units
+
+
+def legacy_written(counts: Sequence[int], written: Sequence[int | None]) -> frozenset[int]:
+    """The tasks of a replayed batch whose rows the task-index sink (before units were named by
+    their source) already wrote, from its markers that hold this batch.
+
+    `counts`: each task's rows in the replay; `written`: the `rows` of each of the old sink's
+    markers for this batch (None if the marker has none). Its marker says "task i" of the first
+    run, which read another partition than task i of the replay may (the order differs), so
+    the index says nothing. The rows do: a unit's rows are a function of its source range, so
+    a task the old sink wrote has the count of one of its markers. Where a count is shared by
+    a written and an unwritten task, which one reached the sink is unknown: refuse rather than
+    lose one and duplicate the other."""
+    if not written:
+        return frozenset()
+    tasks = [i for i, n in enumerate(counts) if n > 0]
+    if len(written) == len(tasks):  # every task with rows: none to tell apart
+        return frozenset(tasks)
+    if None in written:
+        raise UnknownLegacyWrites(f"{len(written)} of the batch's {len(tasks)} tasks were written by a sink whose "
+                                  "markers hold no row count")
+    done: set[int] = set()
+    for rows, k in sorted(Counter(written).items()):
+        same = [i for i in tasks if counts[i] == rows]
+        if k != len(same):
+            raise UnknownLegacyWrites(f"{k} task(s) of {rows} rows were written and {len(same)} task(s) of the "
+                                      f"replay have {rows} rows: which reached the sink is unknown")
+        done.update(same)
+    return frozenset(done)
 
 
 # ----------------------------------------------------------------------------- py4j facts

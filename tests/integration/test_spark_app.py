@@ -209,17 +209,64 @@ def test_sink_protocol_skips_committed_batches_and_refuses_a_rewound_checkpoint(
     marker = sink_kafka.read_marker(params, units[0].marker_key, 0)
     assert (marker.batch, marker.query) == (0, "q2")
 
-    # A sink from before units were named by their source wrote `task-0` for batch 5 and the
-    # driver died; the upgraded driver's replay of batch 5 finds no marker of its own for the
-    # unit and takes the old one's word.
-    legacy = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"{t.pipeline}.legacy"})
-    legacy.init_transactions(30)
-    legacy.begin_transaction()
-    legacy.produce(t.commits, key=b"task-0", value=json.dumps({"task": 0, "batch": 5, "query": "q3"}), partition=0)
-    legacy.commit_transaction(30)
-    ctx["c"] = _FakeTaskContext(0, 0, "q3")
-    sink_kafka.write_partition(params, 5, 5, _units(t.source, 7, 0), [("legacy", "{}")])
-    assert "legacy" not in out_keys()
+
+@pytest.mark.kafka
+def test_a_replay_after_an_upgrade_from_the_task_index_sink(kafka_bootstrap, monkeypatch):
+    """The sink before units were named by their source wrote `task-<i>` markers and its driver
+    died mid-batch: it wrote two of batch 5's three tasks, listing the partitions in another
+    order than the upgraded driver's replay does. The driver tells which from the markers' row
+    counts (after fencing the old task producers: a zombie's open transaction is aborted), and
+    the replay writes only the third; where the counts cannot tell, it refuses and writes nothing."""
+    import pyspark
+
+    t = Topics(kafka_bootstrap, partitions=1)
+    params = sink_kafka.SinkParams(t.sink, t.commits, f"eopipe.test.{t.pipeline}.spark",
+                                   {"bootstrap.servers": kafka_bootstrap})
+    units = _units(t.source, 7, 0, 4)  # the replay's order
+    replay = {7: [("a1", "{}"), ("a2", "{}")], 0: [(f"b{i}", "{}") for i in range(5)],
+              4: [("c1", "{}"), ("c2", "{}"), ("c3", "{}")]}
+
+    def old_sink_writes(params, t, task: int, partition: int, commit: bool = True) -> Producer:
+        p = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"{params.transactional_id_prefix}.{task}"})
+        p.init_transactions(30)
+        p.begin_transaction()
+        for k, v in replay[partition]:
+            p.produce(t.sink, key=k, value=v)
+        p.produce(t.commits, key=f"task-{task}".encode(), partition=0,
+                  value=json.dumps({"task": task, "batch": 5, "query": "q", "rows": len(replay[partition])}))
+        if commit:
+            p.commit_transaction(30)
+        else:
+            p.flush(30)
+        return p
+
+    # Its first run listed partitions 4, 7, 0: tasks 0 and 1 committed, task 2 (partition 0)
+    # was still open when the driver died.
+    old_sink_writes(params, t, 0, 4)
+    old_sink_writes(params, t, 1, 7)
+    zombie = old_sink_writes(params, t, 2, 0, commit=False)
+    counts = [len(replay[p]) for p in (7, 0, 4)]
+    done = sink_kafka.legacy_done(params, units, 5, "q", lambda: counts)
+    assert done == {0, 2}
+    with pytest.raises(Exception):
+        zombie.commit_transaction(10)  # fenced by the upgraded driver
+    for task, p in enumerate((7, 0, 4)):
+        monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls, task=task: _FakeTaskContext(task, 0, "q")))
+        sink_kafka.write_partition(params, 5, 5, units, replay[p], legacy_done=done)
+    out = Counter(m.key().decode() for m in TopicReader(kafka_bootstrap).read(t.sink))
+    assert out == Counter(k for rows in replay.values() for k, _ in rows), out
+    # Having written batch 5 under its own names, the sink never reads the old markers again.
+    assert sink_kafka.legacy_done(params, units, 6, "q", lambda: pytest.fail("counted")) == frozenset()
+    # Another query's markers (a new checkpoint) are not this query's past.
+    assert sink_kafka.legacy_done(params, _units(t.source, 7, 0, 4), 5, "q2", lambda: pytest.fail("counted")) == frozenset()
+
+    # Two tasks of the replay have the rows of the one the old sink wrote: refused, loudly.
+    t2 = Topics(kafka_bootstrap, partitions=1)
+    params2 = sink_kafka.SinkParams(t2.sink, t2.commits, f"eopipe.test.{t2.pipeline}.spark",
+                                    {"bootstrap.servers": kafka_bootstrap})
+    old_sink_writes(params2, t2, 0, 7)
+    with pytest.raises(sink_kafka.InconsistentCheckpoint, match="checkpoint refused: batch 5 is a replay"):
+        sink_kafka.legacy_done(params2, _units(t2.source, 7, 0, 4), 5, "q", lambda: [2, 2, 3])
 
 
 @pytest.mark.kafka

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spark_app.sink_units import PlanFacts, SourceRange, UnsupportedPlan, decide
+from spark_app.sink_units import PlanFacts, SourceRange, UnknownLegacyWrites, UnsupportedPlan, decide, legacy_written
 
 
 def r(p: int, start: int = 0, end: int = 10) -> tuple[SourceRange, ...]:
@@ -51,3 +51,31 @@ REFUSED = [
 def test_plans_whose_tasks_depend_on_the_scan_order_are_refused(facts, words):
     with pytest.raises(UnsupportedPlan, match=words):
         decide(facts)
+
+
+LEGACY = [
+    # (case, each task's rows in the replay, rows of the old sink's markers for this batch, skipped)
+    ("the old sink wrote none of the batch", [4, 5, 6], [], set()),
+    ("all of it, whatever the counts", [4, 4, 6], [4, 6, 4], {0, 1, 2}),
+    ("all that have rows: an empty task wrote no marker", [4, 0, 6], [6, 4], {0, 2}),
+    ("part, told apart by the counts", [2, 5, 3], [3, 2], {0, 2}),
+    ("a shared count, both written", [2, 2, 7], [2, 2], {0, 1}),
+]
+
+
+@pytest.mark.parametrize("counts,written,want", [c[1:] for c in LEGACY], ids=[c[0] for c in LEGACY])
+def test_which_tasks_the_task_index_sink_wrote(counts, written, want):
+    assert legacy_written(counts, written) == want
+
+
+UNKNOWN = [
+    ("a count shared by a written and an unwritten task", [2, 2, 3], [2], "which reached the sink is unknown"),
+    ("a count no task has", [2, 5, 3], [4], "which reached the sink is unknown"),
+    ("a marker without a count", [2, 5, 3], [2, None], "no row count"),
+]
+
+
+@pytest.mark.parametrize("counts,written,words", [c[1:] for c in UNKNOWN], ids=[c[0] for c in UNKNOWN])
+def test_a_replay_the_task_index_sink_wrote_in_part_is_refused_when_the_counts_do_not_tell(counts, written, words):
+    with pytest.raises(UnknownLegacyWrites, match=words):
+        legacy_written(counts, written)
