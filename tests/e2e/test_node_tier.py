@@ -85,6 +85,25 @@ def _log_to_terminal(pytestconfig):
     nodetier.emit = before
 
 
+@pytest.fixture(autouse=True)
+def _a_failure_frees_the_node(request):
+    """After a failed test, its pipelines are deleted and their Spark pods gone: a driver left
+    running holds the node's two cores, and every later Spark test's driver would stay Pending
+    (one failure read as five)."""
+    failed = request.session.testsfailed
+    yield
+    if request.session.testsfailed == failed or "node_tier" not in request.fixturenames:
+        return
+    left = kubectl("get", "exactlyoncepipelines", "-A", "-o",
+                   "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name} {end}", check=False)
+    for ref in left.split():
+        ns, name = ref.split("/")
+        log(f"after the failure: deleting pipeline {ref}")
+        kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=120s", check=False)
+    wait(lambda: not kubectl("get", "pods", "-A", "-l", "spark-role", "-o", "name", check=False), 180,
+         "the failed test's Spark pods gone")
+
+
 def test_pod_from_the_project_image_runs_on_the_kubelet(node_tier):
     pod = {
         "apiVersion": "v1", "kind": "Pod",
