@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export EOPIPE_CACHE ?= $(HOME)/.cache/eopipe
 
-.PHONY: help deps venv kafka k8s tools spark-jars test test-unit test-integration test-e2e test-fast test-node cluster cluster-down soak demo bench bench-peers kind-e2e clean
+.PHONY: help deps venv kafka k8s tools spark-jars test test-unit test-integration test-e2e test-bench test-fast test-node cluster cluster-down soak demo bench bench-peers kind-e2e clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -39,8 +39,9 @@ spark-jars: venv ## Spark's Kafka connector jars and hadoop-aws for s3a:// check
 
 deps: venv kafka k8s tools spark-jars ## everything the tests and the demo need
 
+# The soak and the benchmarks' own runs are left out of `make test` (CI's time): `make soak`, `make test-bench`.
 test: deps ## the whole test suite: unit, integration (real Kafka, control plane, Spark), e2e, node tier and fault tests
-	EOPIPE_NODE_TESTS=1 $(PY) -m pytest
+	EOPIPE_NODE_TESTS=1 $(PY) -m pytest -m "not bench" --ignore=tests/soak
 
 test-unit: $(VENV)/.installed-unit ## the unit tier alone: no services, no Kafka, Java or Go (about two minutes)
 	$(PY) -m pytest tests/unit
@@ -50,6 +51,9 @@ test-integration: deps ## the integration tier: real Kafka, control plane, Spark
 
 test-e2e: deps ## end to end on the process tier (control plane, workers, operator); the node tier's tests excluded
 	$(PY) -m pytest tests/e2e -m "not node"
+
+test-bench: deps ## the benchmarks run at a small size, each output verified (not in make test)
+	$(PY) -m pytest tests/integration/test_bench.py
 
 test-fast: deps ## everything but the long fault tests
 	$(PY) -m pytest -m "not slow"

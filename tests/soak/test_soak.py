@@ -10,7 +10,7 @@ source's partitions increased (re-shard). Each fault is healed, and the
 time until the group commits past where it stood at the heal is its recovery time.
 
     make soak DURATION=10m SEED=7          # the report: .work/soak-report.json and a table
-    EOPIPE_SOAK_DURATION=3m pytest tests/soak   # what `make test` runs (3 minutes by default)
+    EOPIPE_SOAK_DURATION=3m pytest tests/soak   # the default: 3 minutes (not part of `make test`)
 """
 
 from __future__ import annotations
