@@ -121,7 +121,7 @@ class Marker:
 # ---------------------------------------------------------------------------- executor side
 
 def _new_producer(params: SinkParams, transactional_id: str) -> Producer:
-    """A transactional producer for `unit`, initialised: init_transactions() fences every
+    """A transactional producer under `transactional_id`, initialised: init_transactions() fences every
     older producer with this transactional.id (an earlier attempt, a zombie of a previous
     driver) and completes or aborts its open transaction.
 
