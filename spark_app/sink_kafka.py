@@ -66,7 +66,7 @@ from typing import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from spark_app.sink_units import Unit, UnknownLegacyWrites, decide, legacy_written, observe
+from spark_app.sink_units import Unit, UnknownLegacyWrites, decide, legacy_may_hold, legacy_written, observe
 from spark_app.upgrade import CHECKPOINT_REFUSED
 
 # Fault-test hook only: seconds to sleep between writing a task's rows and committing, so a
@@ -234,10 +234,10 @@ def _check_not_rewound(params: SinkParams, key: str, marker: Marker, batch_id: i
 
 
 def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
-                    units: list[Unit], rows: Iterable, legacy_done: frozenset[int] = frozenset()) -> None:
-    """Runs in a Spark task: rows are (key, value) pairs of str/bytes/None. `legacy_done`: the
-    tasks of a replayed batch that the task-index sink wrote before an upgrade (the driver's
-    `legacy_done`)."""
+                    units: list[Unit], rows: Iterable, old_sink_wrote: frozenset[int] = frozenset()) -> None:
+    """Runs in a Spark task: rows are (key, value) pairs of str/bytes/None. `old_sink_wrote`:
+    the tasks of a replayed batch that the task-index sink wrote before an upgrade (the
+    driver's `legacy_done`)."""
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
@@ -265,7 +265,7 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
     # offsets/N in the checkpoint (a second driver on the same checkpoint fails there and
     # never runs N), and attempt 0 is the first writer of (N, unit) in this run.
     if attempt > 0 or batch_id <= first_batch_of_run:
-        if task in legacy_done:
+        if task in old_sink_wrote:
             _log(f"batch {batch_id} task {task} ({unit.marker_key}) attempt {attempt}: replay, written by the "
                  "task-index sink before the upgrade, skipped")
             return
@@ -327,13 +327,14 @@ def _commit(producer: Producer) -> None:
             raise
 
 
+# ------------------------------------------------------------------------------ driver side
+
 def legacy_done(params: SinkParams, units: list[Unit], batch_id: int, query: str,
                 counts: Callable[[], list[int]]) -> frozenset[int]:
     """On the driver, for the first batch it runs (maybe a replay): the tasks the task-index
     sink, which ran before an upgrade, wrote already (sink_units.legacy_written); `counts` runs
-    a job for each task's rows, needed only when that sink wrote part of this batch. That sink
-    wrote no batch after the first one this sink ran, so its markers are read only while no
-    marker of this sink says this batch is a later one."""
+    a job for each task's rows, needed only when that sink wrote part of this batch. Its markers
+    are read only when this sink's do not rule it out (sink_units.legacy_may_hold)."""
     # Fence the task producers of the last driver, under both namings, first: their open
     # transactions are aborted, so the markers can be read to the end and what they say is final.
     for u in units:
@@ -342,9 +343,8 @@ def legacy_done(params: SinkParams, units: list[Unit], batch_id: int, query: str
             _new_producer(params, params.legacy_transactional_id(u)).flush(0)
     n = commit_partitions(params)
     mine = [read_marker(params, u.marker_key, u.slot % n) for u in units]
-    mine = [m for m in mine if m is not None and m.query == query]
-    if any(m.batch < batch_id for m in mine) or len(mine) == len(units):
-        return frozenset()  # this sink wrote an earlier batch, or all of this one
+    if not legacy_may_hold([(m.query, m.batch) if m else None for m in mine], query, batch_id):
+        return frozenset()
     old = [read_marker(params, u.legacy_key, u.task % n) for u in units if u.legacy_key]
     old = [m for m in old if m is not None and m.query == query]
     for m in old:
@@ -363,8 +363,6 @@ def legacy_done(params: SinkParams, units: list[Unit], batch_id: int, query: str
          f"{sorted(done)} of {len(units)} (told apart by their rows); they are skipped")
     return done
 
-
-# ------------------------------------------------------------------------------ driver side
 
 class KafkaSinkBatchWriter:
     """The foreachBatch function (runs on the driver, once per micro-batch)."""
@@ -391,7 +389,7 @@ class KafkaSinkBatchWriter:
             done = legacy_done(self.params, units, batch_id, str(query.id),
                                lambda: rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect())
         rdd.foreachPartition(partial(write_partition, self.params, batch_id,
-                                     self.first_batch_of_run, units, legacy_done=done))
+                                     self.first_batch_of_run, units, old_sink_wrote=done))
 
     def _query(self):
         """The running query: its id, and its executed plan for the batch being written (`df`

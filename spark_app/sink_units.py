@@ -106,6 +106,19 @@ def decide(facts: PlanFacts) -> list[Unit]:
     return units
 
 
+def legacy_may_hold(markers: Sequence[tuple[str | None, int] | None], query: str, batch: int) -> bool:
+    """Whether the task-index sink may have written part of `batch` of `query`, from this sink's
+    last marker of each of the batch's units ((query, batch), None if never written). That sink
+    ran before this one on a pipeline, and this one's first batch of that sink's query is the
+    only one it can share. So no once this sink wrote an earlier batch of the query, any batch
+    of another query (a later checkpoint: the common case of a new query over a long commit
+    topic, whose old markers are then never searched for), or all of this batch."""
+    ours = [m for m in markers if m is not None and m[0] == query]
+    if any(m is not None and m[0] != query for m in markers) or any(b < batch for _, b in ours):
+        return False
+    return len(ours) < len(markers)
+
+
 def legacy_written(counts: Sequence[int], written: Sequence[int | None]) -> frozenset[int]:
     """The tasks of a replayed batch whose rows the task-index sink (before units were named by
     their source) already wrote, from its markers that hold this batch.

@@ -252,7 +252,7 @@ def test_a_replay_after_an_upgrade_from_the_task_index_sink(kafka_bootstrap, mon
         zombie.commit_transaction(10)  # fenced by the upgraded driver
     for task, p in enumerate((7, 0, 4)):
         monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls, task=task: _FakeTaskContext(task, 0, "q")))
-        sink_kafka.write_partition(params, 5, 5, units, replay[p], legacy_done=done)
+        sink_kafka.write_partition(params, 5, 5, units, replay[p], old_sink_wrote=done)
     out = Counter(m.key().decode() for m in TopicReader(kafka_bootstrap).read(t.sink))
     assert out == Counter(k for rows in replay.values() for k, _ in rows), out
     # Having written batch 5 under its own names, the sink never reads the old markers again.

@@ -2,7 +2,8 @@
 
 import pytest
 
-from spark_app.sink_units import PlanFacts, SourceRange, UnknownLegacyWrites, UnsupportedPlan, decide, legacy_written
+from spark_app.sink_units import (PlanFacts, SourceRange, UnknownLegacyWrites, UnsupportedPlan, decide, legacy_may_hold,
+                                  legacy_written)
 
 
 def r(p: int, start: int = 0, end: int = 10) -> tuple[SourceRange, ...]:
@@ -79,3 +80,18 @@ UNKNOWN = [
 def test_a_replay_the_task_index_sink_wrote_in_part_is_refused_when_the_counts_do_not_tell(counts, written, words):
     with pytest.raises(UnknownLegacyWrites, match=words):
         legacy_written(counts, written)
+
+
+MAY_HOLD = [
+    # (case, this sink's last marker per unit as (query, batch) or None, the old sink may hold batch 5 of q)
+    ("no marker of this sink yet: the first batch after an upgrade, or a new pipeline", [None, None], True),
+    ("this sink wrote part of batch 5 of q (a replay it died in)", [("q", 5), None], True),
+    ("this sink wrote all of batch 5", [("q", 5), ("q", 5)], False),
+    ("this sink wrote an earlier batch of q", [("q", 4), None], False),
+    ("another query's markers: q is a later checkpoint the old sink never ran", [("q0", 90), None], False),
+]
+
+
+@pytest.mark.parametrize("markers,want", [c[1:] for c in MAY_HOLD], ids=[c[0] for c in MAY_HOLD])
+def test_when_the_task_index_sinks_markers_are_read(markers, want):
+    assert legacy_may_hold(markers, "q", 5) is want
