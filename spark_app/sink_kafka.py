@@ -60,6 +60,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import chain
 from typing import Callable, Iterable
@@ -337,10 +338,12 @@ def legacy_done(params: SinkParams, units: list[Unit], batch_id: int, query: str
     are read only when this sink's do not rule it out (sink_units.legacy_may_hold)."""
     # Fence the task producers of the last driver, under both namings, first: their open
     # transactions are aborted, so the markers can be read to the end and what they say is final.
-    for u in units:
-        _new_producer(params, params.transactional_id(u)).flush(0)
-        if u.legacy_key:
-            _new_producer(params, params.legacy_transactional_id(u)).flush(0)
+    # At once, not one after another: each is a coordinator round trip or more, at start-up.
+    ids = [params.transactional_id(u) for u in units]
+    ids += [params.legacy_transactional_id(u) for u in units if u.legacy_key]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for p in pool.map(lambda tid: _new_producer(params, tid), ids):
+            p.flush(0)
     n = commit_partitions(params)
     mine = [read_marker(params, u.marker_key, u.slot % n) for u in units]
     if not legacy_may_hold([(m.query, m.batch) if m else None for m in mine], query, batch_id):

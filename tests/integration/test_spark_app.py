@@ -363,7 +363,8 @@ def test_driver_sigkills_mid_batch_a_lost_checkpoint_and_a_replayed_committed_ba
     # between a batch's first run and its replay, so a sink that named its units by task index
     # lost and duplicated rows here (sink_units.py).
     t = Topics(kafka_bootstrap, partitions=4)
-    load = _background_load(kafka_bootstrap, t.source, 6000, rate=250, seed=23)
+    # 40 s of load: it outlasts the three kills and restarts, so the last run has batches to plan.
+    load = _background_load(kafka_bootstrap, t.source, 6000, rate=150, seed=23)
     # Each task sleeps before its commit, so the kills below land inside open transactions.
     d = spark_driver(t.config(tmp_path), EOPIPE_SPARK_TEST_COMMIT_DELAY="0.7")
     d.wait_running()
