@@ -74,14 +74,14 @@ bench: deps ## benchmarks side by side, one table
 bench-peers: deps ## the throughput table alone: eopipe vs Kafka Streams, Java copiers, Spark dedup
 	$(PY) -m bench --peers
 
-cluster: $(VENV)/.installed ## node tier: kubelet + containerd, CoreDNS, a provisioner, Kafka, Spark on pods, in a network namespace; the project's images (root)
-	$(PY) -m localenv.node up
+cluster: $(VENV)/.installed ## node tier: kubelet + containerd, CoreDNS, a provisioner, Kafka, Spark on pods, in network namespaces; the project's images (root; NODES=3 for three nodes)
+	$(PY) -m localenv.node up $(if $(NODES),--nodes $(NODES))
 
 cluster-down: ## stop the node tier and remove everything it made
 	$(PY) -m localenv.node down
 
 test-node: $(VENV)/.installed ## the node tier's tests alone (also in `make test`; root)
-	EOPIPE_NODE_TESTS=1 $(PY) -m pytest tests/e2e/test_node_tier.py -m node
+	EOPIPE_NODE_TESTS=1 $(PY) -m pytest tests/e2e/test_node_loss.py tests/e2e/test_node_tier.py -m node
 
 kind-e2e: ## end to end on a kind cluster (needs Docker, kind, helm; not run in CI: see hack/kind-e2e.sh)
 	bash hack/kind-e2e.sh

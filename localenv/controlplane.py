@@ -98,6 +98,8 @@ class ControlPlane:
     cluster on the same ports.
     """
 
+    extra_san_ips: tuple[str, ...] = ()  # more addresses the apiserver is reached at
+
     def __init__(self, workdir: Path, binaries: dict[str, Path] | None = None):
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +198,7 @@ class ControlPlane:
     # -- internals ---------------------------------------------------------------------------
 
     def _prepare(self) -> None:
-        ensure_pki(self.pki)
+        ensure_pki(self.pki, self.extra_san_ips)
         write_kubeconfigs(self.workdir, self.pki, self.server)
         (self.workdir / "etcd").mkdir(exist_ok=True)
         os.chmod(self.workdir / "etcd", 0o700)

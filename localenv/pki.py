@@ -42,8 +42,9 @@ def _client_ext() -> list[str]:
             "extendedKeyUsage=clientAuth"]
 
 
-def generate_pki(pki: Path) -> None:
-    """CA, apiserver serving cert, client certs and the service-account signing key pair."""
+def generate_pki(pki: Path, extra_ips: tuple[str, ...] = ()) -> None:
+    """CA, apiserver serving cert, client certs and the service-account signing key pair;
+    extra_ips are more addresses the apiserver is reached at (a node tier's node IP)."""
     pki.mkdir(parents=True, exist_ok=True)
     _new_key(pki, "ca")
     _openssl("req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=eopipe-local-ca",
@@ -54,7 +55,7 @@ def generate_pki(pki: Path) -> None:
     sans = ",".join([
         "IP:127.0.0.1", f"IP:{KUBERNETES_SERVICE_IP}", "DNS:localhost", "DNS:kubernetes",
         "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
-        "DNS:kubernetes.default.svc.cluster.local",
+        "DNS:kubernetes.default.svc.cluster.local", *(f"IP:{ip}" for ip in extra_ips),
     ])
     _sign(pki, "apiserver", "/CN=kube-apiserver",
           ["basicConstraints=critical,CA:FALSE", "keyUsage=critical,digitalSignature",
@@ -77,7 +78,7 @@ def generate_pki(pki: Path) -> None:
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
     for leftover in pki.glob("*.csr"):
         leftover.unlink()
-    (pki / ".complete").write_text(PKI_LAYOUT + "\n")
+    (pki / ".complete").write_text(_layout(extra_ips) + "\n")
 
 
 def _write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, user: str) -> None:
@@ -99,11 +100,15 @@ def _write_kubeconfig(path: Path, server: str, ca: Path, cert: Path, key: Path, 
     os.chmod(path, 0o600)
 
 
-def ensure_pki(pki: Path) -> None:
+def _layout(extra_ips: tuple[str, ...]) -> str:
+    return " ".join((PKI_LAYOUT, *extra_ips))
+
+
+def ensure_pki(pki: Path, extra_ips: tuple[str, ...] = ()) -> None:
     """Generates the PKI unless pki/ holds a complete one of the current layout."""
     marker = pki / ".complete"
-    if not marker.exists() or marker.read_text().strip() != PKI_LAYOUT:
-        generate_pki(pki)
+    if not marker.exists() or marker.read_text().strip() != _layout(extra_ips):
+        generate_pki(pki, extra_ips)
 
 
 def write_kubeconfigs(workdir: Path, pki: Path, server: str) -> None:

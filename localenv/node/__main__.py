@@ -1,10 +1,14 @@
-"""`python -m localenv.node up|down|status|kubectl ...|leftovers` (make cluster / cluster-down).
+"""`python -m localenv.node up|down|kubectl ...|leftovers|node-kill|node-start` (make cluster /
+cluster-down).
 
 up: installs the Debian packages when missing, builds (or takes from the cache) kubelet,
 kube-proxy, the images and the Spark Operator (its chart from the Go module cache; with
-EOPIPE_SPARK_WEBHOOK=0, installed with its webhook disabled), creates the network namespace and the cgroup root, and starts
-`serve` inside the namespace, detached; returns once the node is Ready. down: stops it and
-sweeps whatever is left; exits 1 if anything of the tier is still on the host.
+EOPIPE_SPARK_WEBHOOK=0, installed with its webhook disabled), creates the network namespaces and
+the cgroup roots, and starts `serve` inside node 0's namespace, detached; returns once every
+node is Ready (`--nodes N`, default EOPIPE_NODES or 1). down: stops it and sweeps whatever is
+left; exits 1 if anything of the tier is still on the host. node-kill NAME: a node lost, as a
+power cut (every process of it SIGKILLed, its link to the other nodes down); node-start NAME:
+it comes back (link up, its processes started again on the same disk).
 """
 
 from __future__ import annotations
@@ -19,11 +23,24 @@ import time
 from pathlib import Path
 
 from localenv import REPO_ROOT
-from localenv.node import NETNS, NETPOL_STATUS, NODE_IP, RUN_DIR, STATE_DIR, host
+from localenv.node import (
+    MAX_NODES,
+    NETNS,
+    NETPOL_STATUS,
+    NODE_IP,
+    NODES_FILE,
+    RUN_DIR,
+    STATE_DIR,
+    NodeSpec,
+    host,
+    node_specs,
+    running_nodes,
+)
 from localenv.node.addons import KAFKA_PORT
 
 PIDFILE = RUN_DIR / "serve.pid"
 IMAGES = RUN_DIR / "images.json"  # {"pause": ref, "app": ref, ...}: what the node and tests run
+ARCHIVES = RUN_DIR / "archives.json"  # the images' archives, which a node imports when it starts
 SERVE_OUT = STATE_DIR / "serve.out"
 KUBECONFIG = STATE_DIR / "cp" / "admin.kubeconfig"
 
@@ -44,17 +61,17 @@ def kubectl_argv(*args: str) -> list[str]:
 
 
 def kill_container(ns: str, pod: str) -> str:
-    """SIGKILL to the pod's (first) container through containerd, as an OOM kill or a crash does:
-    the kubelet sees it exit and restarts it or fails the pod. Returns the container id."""
-    from localenv.node import CONTAINERD_SOCK
-
+    """SIGKILL to the pod's (first) container through its node's containerd, as an OOM kill or a
+    crash does: the kubelet sees it exit and restarts it or fails the pod. Returns the container id."""
     res = subprocess.run(kubectl_argv("-n", ns, "get", "pod", pod, "-o",
-                                      "jsonpath={.status.containerStatuses[0].containerID}"),
+                                      "jsonpath={.spec.nodeName} {.status.containerStatuses[0].containerID}"),
                          check=True, capture_output=True, text=True)
-    cid = res.stdout.strip().removeprefix("containerd://")
+    node, _, cid = res.stdout.strip().partition(" ")
+    cid = cid.removeprefix("containerd://")
     if not cid:
         raise RuntimeError(f"pod {ns}/{pod} has no running container")
-    subprocess.run(["ctr", "--address", str(CONTAINERD_SOCK), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", cid],
+    sock = next(n.containerd_sock for n in running_nodes() if n.name == node)
+    subprocess.run(["ctr", "--address", str(sock), "-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", cid],
                    check=True, capture_output=True)
     return cid
 
@@ -66,7 +83,7 @@ def _k8s_bin(quiet: bool = True) -> Path:
     return Path(out[-2])
 
 
-def up(app_image: bool, timeout: float) -> int:
+def up(app_image: bool, timeout: float, count: int) -> int:
     from localenv.kafka import ensure_kafka_jars
     from localenv.node.images import ensure_images
 
@@ -86,8 +103,11 @@ def up(app_image: bool, timeout: float) -> int:
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)
     host.save_sysctls()
-    host.ensure_netns()
-    host.ensure_cgroups(host.node_cgroup_root())
+    specs = node_specs(count)
+    NODES_FILE.write_text(json.dumps({"count": count}) + "\n")
+    host.ensure_netns(specs)
+    for spec in specs:
+        host.ensure_cgroups(host.node_cgroup_root(spec.cgroup))
     archives = [str(p) for _, p in images.values()]
     if "spark-operator" in images:
         from localenv.node.cluster import SPARK_OPERATOR_CONF
@@ -99,8 +119,9 @@ def up(app_image: bool, timeout: float) -> int:
         SPARK_OPERATOR_CONF.write_text(json.dumps({"helm": f"{helm}/helm", "chart": str(chart_dir()),
                                                    "webhook": os.environ.get("EOPIPE_SPARK_WEBHOOK", "1") != "0"}))
     IMAGES.write_text(json.dumps({name: ref for name, (ref, _) in images.items()}) + "\n")
+    ARCHIVES.write_text(json.dumps(archives) + "\n")
     argv = ["nsenter", f"--net={host.NETNS_PATH}", "--", sys.executable, "-m", "localenv.node", "serve",
-            "--images", str(IMAGES), *archives]
+            "--images", str(IMAGES), "--nodes", str(count), *archives]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     with open(SERVE_OUT, "ab") as out:
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=out,
@@ -122,7 +143,8 @@ def up(app_image: bool, timeout: float) -> int:
     netpol = json.loads(NETPOL_STATUS.read_text())
     print(f"  NetworkPolicy: enforced by {netpol['agent']}" if netpol["enforced"]
           else f"  NetworkPolicy: NOT ENFORCED: {netpol['reason']}")
-    print(f"  network namespace {NETNS}; kubectl: python -m localenv.node kubectl get pods -o wide")
+    print(f"  nodes: {', '.join(f'{n.name} {n.ip} (netns {n.netns})' for n in specs)}; "
+          f"kubectl: python -m localenv.node kubectl get pods -o wide")
     print(f"  Kafka: {NODE_IP}:{KAFKA_PORT} in the namespace, kafka.kafka.svc:{KAFKA_PORT} from pods")
     print(f"  logs: {STATE_DIR / 'logs'}, {STATE_DIR / 'cp' / 'logs'}")
     return 0
@@ -144,19 +166,70 @@ def down(timeout: float = 60) -> int:
     return 0
 
 
+def _node(name: str) -> NodeSpec | None:
+    """A node other than node 0 (which runs the control plane), or None after saying why not."""
+    for n in running_nodes()[1:]:
+        if n.name == name:
+            return n
+    others = ", ".join(n.name for n in running_nodes()[1:]) or "none: the tier runs one node"
+    print(f"no node {name} to lose or bring back (the others than {NETNS}: {others})", file=sys.stderr)
+    return None
+
+
+def node_kill(name: str, keep_containers: bool) -> int:
+    if (spec := _node(name)) is None:
+        return 2
+    host.cut_node(spec)
+    killed = host.kill_node(spec, containers=not keep_containers)
+    print(f"node {name}: link cut, {killed} processes killed"
+          + (" (its agents; its pods' containers run on)" if keep_containers else ""))
+    return 0
+
+
+def node_start(name: str, timeout: float = 300) -> int:
+    from localenv.node import kubelet
+
+    if (spec := _node(name)) is None:
+        return 2
+    archives = [Path(a) for a in json.loads(ARCHIVES.read_text())]
+    host.cut_node(spec, up=True)
+    kubelet.launch(spec, IMAGES, archives, _k8s_bin())
+    deadline = time.monotonic() + timeout
+    while not (spec.run_dir / "ready").exists():
+        if time.monotonic() > deadline:
+            print(f"node {name} not back in {timeout:.0f}s; {spec.state_dir / 'serve.out'}", file=sys.stderr)
+            return 1
+        time.sleep(0.5)
+    print(f"node {name} back")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m localenv.node")
     sub = ap.add_subparsers(dest="cmd", required=True)
     u = sub.add_parser("up", help="start the node tier (make cluster)")
     u.add_argument("--no-app-image", action="store_true", help="only the pause image (node Ready)")
-    u.add_argument("--timeout", type=float, default=300)
+    u.add_argument("--timeout", type=float, default=600)
+    u.add_argument("--nodes", type=int, default=int(os.environ.get("EOPIPE_NODES") or 1),
+                   help="how many nodes (node 0 also runs the control plane and the broker)")
     sub.add_parser("down", help="stop it and remove everything it made (make cluster-down)")
     sub.add_parser("leftovers", help="what of the tier is on the host (JSON)")
     k = sub.add_parser("kubectl", help="kubectl inside the namespace")
     k.add_argument("args", nargs=argparse.REMAINDER)
     s = sub.add_parser("serve", help="(internal) run the processes; started by up in the namespace")
     s.add_argument("--images", type=Path, required=True, help="JSON: name -> image ref")
+    s.add_argument("--nodes", type=int, default=1)
     s.add_argument("archives", nargs="*", type=Path)
+    sn = sub.add_parser("serve-node", help="(internal) one further node's processes; started in its namespace")
+    sn.add_argument("--index", type=int, required=True)
+    sn.add_argument("--images", type=Path, required=True)
+    sn.add_argument("--kube-bin", type=Path, required=True)
+    sn.add_argument("archives", nargs="*", type=Path)
+    nk = sub.add_parser("node-kill", help="lose a node: its processes killed, its link cut")
+    nk.add_argument("name")
+    nk.add_argument("--keep-containers", action="store_true",
+                    help="kill its agents only (containerd, kubelet, kube-proxy): its pods run on, cut off")
+    sub.add_parser("node-start", help="bring a lost node back").add_argument("name")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["kubectl"]:  # everything after it is kubectl's, options included
         args = argparse.Namespace(cmd="kubectl", args=argv[1:])
@@ -166,7 +239,14 @@ def main(argv: list[str] | None = None) -> int:
         print("the node tier needs root (network namespace, mounts, cgroups)", file=sys.stderr)
         return 2
     if args.cmd == "up":
-        return up(not args.no_app_image, args.timeout)
+        if not 1 <= args.nodes <= MAX_NODES:
+            print(f"--nodes: 1 to {MAX_NODES}, not {args.nodes}", file=sys.stderr)
+            return 2
+        return up(not args.no_app_image, args.timeout, args.nodes)
+    if args.cmd == "node-kill":
+        return node_kill(args.name, args.keep_containers)
+    if args.cmd == "node-start":
+        return node_start(args.name)
     if args.cmd == "down":
         return down()
     if args.cmd == "leftovers":
@@ -174,8 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "kubectl":
         return subprocess.run(kubectl_argv(*args.args), check=False).returncode
+    if args.cmd == "serve-node":
+        from localenv.node.kubelet import serve_node
+        spec = running_nodes()[args.index]
+        return serve_node(spec, json.loads(args.images.read_text()), args.archives, args.kube_bin)
     from localenv.node.cluster import serve
-    return serve(json.loads(args.images.read_text()), args.archives)
+    return serve(args.images, args.archives, args.nodes)
 
 
 if __name__ == "__main__":

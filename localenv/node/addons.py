@@ -4,7 +4,7 @@ and addresses in, objects out; localenv/node/cluster.py applies them once the no
 - CoreDNS in kube-system behind the `kube-dns` Service at DNS_IP (the kubelet's clusterDNS).
   It answers cluster.local only: there is no upstream to forward to, nothing leaves the tier.
 - local-path-provisioner and its StorageClass `standard`, the default one (kind's name), so a
-  PersistentVolumeClaim with no class gets a directory of the node, created and removed by
+  PersistentVolumeClaim with no class gets a directory of the node (each node its own), created and removed by
   helper pods running the base image's shell, as on kind. ReadWriteOnce only, as on kind.
 - A second class, `shared`, from the same provisioner in its shared-filesystem mode: a directory
   every node mounts (one node here), so ReadWriteMany claims bind. It stands in for the NFS,
@@ -25,6 +25,8 @@ and addresses in, objects out; localenv/node/cluster.py applies them once the no
 from __future__ import annotations
 
 import json
+
+from localenv.node import NODE_NAME
 
 DNS_IP = "10.0.0.10"
 DNS_PORT = 5353          # CoreDNS listens unprivileged; the Service maps 53 to it
@@ -68,15 +70,16 @@ def _cluster_role(name: str, rules: list[dict], sa: str, ns: str) -> list[dict]:
              "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}]
 
 
-def _deployment(name: str, ns: str, sa: str, container: dict, volumes: list[dict]) -> dict:
+def _deployment(name: str, ns: str, sa: str, container: dict, volumes: list[dict], replicas: int = 1,
+                placement: dict | None = None) -> dict:
     labels = {"k8s-app": name}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
-            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels},
                                   "spec": {"serviceAccountName": sa, "priorityClassName": "system-cluster-critical",
                                            "containers": [{"imagePullPolicy": "IfNotPresent",
                                                            "securityContext": _RESTRICTED, **container}],
-                                           "volumes": volumes}}}}
+                                           "volumes": volumes, **(placement or {})}}}}
 
 
 def coredns(image: str) -> list[dict]:
@@ -94,7 +97,13 @@ def coredns(image: str) -> list[dict]:
         _sa("coredns", ns), *_cluster_role("system:coredns", rules, "coredns", ns),
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "coredns", "namespace": ns},
          "data": {"Corefile": COREFILE}},
-        _deployment("coredns", ns, "coredns", container, [{"name": "config", "configMap": {"name": "coredns"}}]),
+        # Two replicas on different nodes where there are several, as kubeadm and kind run it: a
+        # lost node then takes half the cluster's DNS for the 40-50 s until it is NotReady, not all of it.
+        _deployment("coredns", ns, "coredns", container, [{"name": "config", "configMap": {"name": "coredns"}}],
+                    replicas=2, placement={"affinity": {"podAntiAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": {"k8s-app": "coredns"}},
+                            "topologyKey": "kubernetes.io/hostname"}}]}}}),
         {"apiVersion": "v1", "kind": "Service",
          "metadata": {"name": "kube-dns", "namespace": ns, "labels": {"k8s-app": "kube-dns"}},
          "spec": {"clusterIP": DNS_IP, "selector": {"k8s-app": "coredns"},
@@ -103,7 +112,12 @@ def coredns(image: str) -> list[dict]:
     ]
 
 
-def local_path(image: str, helper_image: str) -> list[dict]:
+def local_path_dir(node: str) -> str:
+    """Where a node keeps its local volumes: a directory of its own (a disk of its own)."""
+    return LOCAL_PATH_DIR if node == NODE_NAME else f"/var/lib/eopipe-node/nodes/{node}/local-path"
+
+
+def local_path(image: str, helper_image: str, other_nodes: list[str] = ()) -> list[dict]:
     ns, sa = "local-path-storage", "local-path-provisioner"
     rules = [{"apiGroups": [""], "resources": ["nodes", "persistentvolumeclaims", "configmaps", "pods", "pods/log"],
               "verbs": ["get", "list", "watch"]},
@@ -120,7 +134,8 @@ def local_path(image: str, helper_image: str) -> list[dict]:
                        "containers": [{"name": "helper-pod", "image": helper_image,
                                        "imagePullPolicy": "IfNotPresent"}]}}
     config = {"storageClassConfigs": {
-        STORAGE_CLASS: {"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [LOCAL_PATH_DIR]}]},
+        STORAGE_CLASS: {"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [LOCAL_PATH_DIR]},
+                                        *({"node": n, "paths": [local_path_dir(n)]} for n in other_nodes)]},
         SHARED_STORAGE_CLASS: {"sharedFileSystemPath": SHARED_DIR}}}
     container = {"name": "local-path-provisioner", "image": image,
                  "args": ["--debug", "start", "--config", "/etc/config/config.json",
@@ -139,8 +154,10 @@ def local_path(image: str, helper_image: str) -> list[dict]:
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "local-path-config", "namespace": ns},
          "data": {"config.json": json.dumps(config), "setup": _SETUP, "teardown": _TEARDOWN,
                   "helperPod.yaml": json.dumps(helper)}},
+        # On node 0, the control plane's (kind runs it there too): one replica, no leader election.
         _deployment("local-path-provisioner", ns, sa, container,
-                    [{"name": "config", "configMap": {"name": "local-path-config"}}]),
+                    [{"name": "config", "configMap": {"name": "local-path-config"}}],
+                    placement={"nodeSelector": {"kubernetes.io/hostname": NODE_NAME}}),
         {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
          "metadata": {"name": STORAGE_CLASS,
                       "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
@@ -205,9 +222,9 @@ def kafka_service(broker_ip: str) -> list[dict]:
     ]
 
 
-def manifests(images: dict[str, str], broker_ip: str) -> list[dict]:
+def manifests(images: dict[str, str], broker_ip: str, other_nodes: list[str] = ()) -> list[dict]:
     return [*coredns(images["coredns"]),
-            *local_path(images["local-path-provisioner"], images["base"]),
+            *local_path(images["local-path-provisioner"], images["base"], other_nodes),
             # Always built (images.ADDONS); `serve` waits for its DaemonSet, so a tier never runs
             # without it. Optional here for callers that name only some images.
             *(network_policies(images[NETPOL]) if NETPOL in images else []),

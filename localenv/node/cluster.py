@@ -1,10 +1,11 @@
-"""The node tier's processes, run by `python -m localenv.node serve` inside the tier's network
+"""The node tier's processes, run by `python -m localenv.node serve` inside node 0's network
 namespace: the control plane of localenv/controlplane.py (listening on the namespace's
-addresses), containerd, the kubelet, kube-proxy and a Kafka broker on the node address (as a
+addresses), node 0's containerd, kubelet and kube-proxy (localenv/node/kubelet.py), the other
+nodes' serve-node launched, and a Kafka broker on the node address (as a
 Kafka outside the cluster: pods reach it through the `kafka.kafka` Service). It applies the
 add-ons (localenv/node/addons.py) and the Kubeflow Spark Operator (helm install of its own chart,
-localenv/node/sparkoperator.py), writes RUN_DIR/ready once the node is Ready, kube-proxy
-healthy, the add-ons available and NetworkPolicy enforced (kube-network-policies' nftables rules
+localenv/node/sparkoperator.py), writes RUN_DIR/ready once every node is Ready, kube-proxy
+healthy, the add-ons available and NetworkPolicy enforced on each node (kube-network-policies' nftables rules
 in place; or, on a kernel without nftables' queue statement, why not: RUN_DIR/networkpolicy.json),
 and stops everything on SIGTERM (`down` sweeps the rest)."""
 
@@ -13,35 +14,27 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 from localenv.controlplane import ControlPlane, ControlPlaneError
-from localenv.daemon import LoggedProcess
 from localenv.kafka import KafkaBroker
 from localenv.node import (
-    CLUSTER_DOMAIN,
-    CNI_BIN_DIR,
-    CNI_BRIDGE,
-    CONTAINERD_SOCK,
     NETPOL_STATUS,
     NODE_IP,
-    NODE_NAME,
     POD_CIDR,
     RUN_DIR,
     STATE_DIR,
+    NodeSpec,
     addons,
+    kubelet,
+    node_specs,
     sparkoperator,
 )
 from localenv.node import config as cfg
-from localenv.node.host import node_cgroup_root
-from localenv.node.images import import_images
-from localenv.pki import _client_ext, _sign, _write_kubeconfig
+from localenv.node.kubelet import CP_DIR, NodeProcesses, Processes
 
-CP_DIR = STATE_DIR / "cp"
 # Written by `up` (localenv/node/__main__.py): {"helm": path, "chart": path, "webhook": bool}.
 SPARK_OPERATOR_CONF = RUN_DIR / "spark-operator.json"
 READY = RUN_DIR / "ready"
@@ -88,103 +81,56 @@ def nft_queue_problem() -> str | None:
             f"cannot install its table, so NetworkPolicy is NOT enforced on this node")
 
 
-def nft_table_present() -> bool:
-    return subprocess.run(["nft", "list", "table", *NETPOL_TABLE], capture_output=True,
+def nft_table_present(netns: str | None = None) -> bool:
+    """The agent's table in this namespace (or in the named one)."""
+    where = ["ip", "netns", "exec", netns] if netns else []
+    return subprocess.run([*where, "nft", "list", "table", *NETPOL_TABLE], capture_output=True,
                           check=False).returncode == 0
 
 
 class NodeControlPlane(ControlPlane):
+    extra_san_ips = (NODE_IP,)  # the other nodes' kubelets and kube-proxies reach it there
+
     def _apiserver_argv(self) -> list[str]:
         return cfg.apiserver_argv(super()._apiserver_argv(), NODE_IP, self.pki)
 
 
-def _ctr() -> list[str]:
-    return ["ctr", "--address", str(CONTAINERD_SOCK)]
+class Node(Processes):
+    """Node 0: the control plane, its own kubelet, the broker, the add-ons; and the launch of
+    the other nodes (`others`), each its own serve-node in its own namespace."""
 
-
-class Node:
-    def __init__(self, images: dict[str, str], archives: list[Path]):
-        self.images, self.archives = images, archives
-        self.pause_image = images["pause"]
+    def __init__(self, images: dict[str, str], archives: list[Path], others: list[NodeSpec], images_file: Path):
+        super().__init__(STATE_DIR / "logs")
+        self.images, self.archives, self.others, self.images_file = images, archives, others, images_file
         self.kafka: KafkaBroker | None = None
         self.cp = NodeControlPlane(CP_DIR)
-        self.logs = STATE_DIR / "logs"
-        self.procs: list[LoggedProcess] = []
-        self.timings: dict[str, float] = {}
+        self.kube_bin = self.cp.binaries["kube-apiserver"].parent
+        self.own: NodeProcesses | None = None
 
     def kubectl(self, *args: str) -> subprocess.CompletedProcess:
         return self.cp.kubectl_run(*args, check=False)
-
-    def _spawn(self, name: str, argv: list[str]) -> LoggedProcess:
-        p = LoggedProcess(name, argv, self.logs / f"{name}.log")
-        self.procs.append(p)
-        p.start()
-        return p
-
-    def _wait(self, what: str, ok, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not ok():
-            dead = [p.name for p in self.procs if not p.alive()]
-            if dead:
-                raise ControlPlaneError(f"{', '.join(dead)} exited while waiting for {what}; logs in {self.logs}")
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(f"timed out waiting for {what}; logs in {self.logs}")
-            time.sleep(0.5)
-
-    def _identities(self) -> None:
-        """Client certificates and kubeconfigs of the kubelet (the Node authorizer's
-        system:node:<name>) and kube-proxy (bound to system:node-proxier by default RBAC)."""
-        pki = self.cp.pki
-        for name, subject, user in (("kubelet", f"/O=system:nodes/CN=system:node:{NODE_NAME}",
-                                     f"system:node:{NODE_NAME}"),
-                                    ("kube-proxy", "/CN=system:kube-proxy", "system:kube-proxy")):
-            if not (pki / f"{name}.crt").exists():
-                _sign(pki, name, subject, _client_ext())
-            _write_kubeconfig(STATE_DIR / f"{name}.kubeconfig", self.cp.server, pki / "ca.crt",
-                              pki / f"{name}.crt", pki / f"{name}.key", user)
 
     def start(self) -> None:
         t0 = time.monotonic()
         self.cp.start()
         self.timings["control plane"] = time.monotonic() - t0
-        self._identities()
+        first = node_specs(1)[0]
+        kubelet.identities(self.cp.pki, first, self.cp.server)
+        for spec in self.others:  # their images import while this node's do
+            kubelet.identities(self.cp.pki, spec, kubelet.api_server_for_nodes())
+            kubelet.launch(spec, self.images_file, self.archives, self.kube_bin)
+        self.own = NodeProcesses(first, self.kube_bin, self.cp.pki, self.images)
+        self.own.procs = self.procs  # one list: a start that fails names whichever process exited
+        self.own.start_runtime(self.archives)
+        self.own.start_kubelet()
+        self.timings.update(self.own.timings)
 
         t = time.monotonic()
-        cni_conf = STATE_DIR / "cni" / "net.d"
-        cni_conf.mkdir(parents=True, exist_ok=True)
-        (cni_conf / "10-eopipe.conflist").write_text(
-            cfg.cni_conflist(CNI_BRIDGE, POD_CIDR, STATE_DIR / "cni" / "ipam"))
-        toml = STATE_DIR / "containerd.toml"
-        toml.write_text(cfg.containerd_toml(STATE_DIR, RUN_DIR, CONTAINERD_SOCK, CNI_BIN_DIR, cni_conf,
-                                            self.pause_image))
-        self._spawn("containerd", ["containerd", "--config", str(toml)])
-        self._wait("containerd", lambda: subprocess.run([*_ctr(), "version"], check=False,
-                                                        capture_output=True).returncode == 0,
-                   60)
-        import_images(_ctr(), self.archives)
-        self.timings["containerd + image import"] = time.monotonic() - t
-
-        t = time.monotonic()
-        kcfg = STATE_DIR / "kubelet.json"
-        kcfg.write_text(cfg.kubelet_config(node_ip=NODE_IP, sock=CONTAINERD_SOCK,
-                                           cgroup_root_path=node_cgroup_root(), ca=self.cp.ca_cert,
-                                           cluster_domain=CLUSTER_DOMAIN, cluster_dns=addons.DNS_IP,
-                                           pod_logs_dir=STATE_DIR / "pod-logs"))
-        self._spawn("kubelet", cfg.kubelet_argv(
-            self.cp.binaries["kube-apiserver"].with_name("kubelet"), config=kcfg,
-            kubeconfig=STATE_DIR / "kubelet.kubeconfig", root_dir=STATE_DIR / "kubelet",
-            cert_dir=STATE_DIR / "kubelet-pki", node_name=NODE_NAME, node_ip=NODE_IP))
-        self._wait(f"node {NODE_NAME} Ready", self._node_ready, 180)
-        self.timings["kubelet to node Ready"] = time.monotonic() - t
-
-        t = time.monotonic()
-        pcfg = STATE_DIR / "kube-proxy.json"
-        pcfg.write_text(cfg.kube_proxy_config(kubeconfig=STATE_DIR / "kube-proxy.kubeconfig",
-                                              cluster_cidr=POD_CIDR, node_name=NODE_NAME))
-        self._spawn("kube-proxy", [str(self.cp.binaries["kube-apiserver"].with_name("kube-proxy")),
-                                   f"--config={pcfg}", "--v=1"])
-        self._wait("kube-proxy /healthz", self._proxy_healthy, 60)
-        self.timings["kube-proxy healthy"] = time.monotonic() - t
+        for spec in self.others:
+            self.wait(f"node {spec.name} (its log: {spec.state_dir / 'serve.out'})",
+                      lambda spec=spec: (spec.run_dir / "ready").exists(), 600)
+        if self.others:
+            self.timings["other nodes Ready"] = time.monotonic() - t
 
         t = time.monotonic()
         # The broker's CLIENT listener on the node address, advertised there; the PLAINTEXT one
@@ -192,12 +138,13 @@ class Node:
         self.kafka = KafkaBroker(STATE_DIR / "kafka", client_port=addons.KAFKA_PORT, client_host=NODE_IP,
                                  client_advertised=f"{NODE_IP}:{addons.KAFKA_PORT}")
         self.kafka.launch()
-        self._apply(addons.manifests(self.images, NODE_IP))
+        self._apply(addons.manifests(self.images, NODE_IP, [n.name for n in self.others]))
         self._start_spark_operator()
         for ns, name in addons.DEPLOYMENTS:
-            self._wait(f"deployment {ns}/{name} available", lambda: self._available(ns, name), 120)
+            self.wait(f"deployment {ns}/{name} available", lambda: self._available(ns, name), 120)
         for ns, name in addons.DAEMONSETS:
-            self._wait(f"daemonset {ns}/{name} available", lambda: self._available(ns, name, "daemonset"), 120)
+            self.wait(f"daemonset {ns}/{name} available on every node",
+                      lambda: self._available(ns, name, "daemonset"), 120)
         self._network_policy()
         self.kafka._wait_ready(time.monotonic() + 90)
         self.timings["add-ons and Kafka"] = time.monotonic() - t
@@ -210,7 +157,10 @@ class Node:
         agent = f"{addons.NETPOL} (DaemonSet kube-system/{addons.NETPOL}, nfqueue {addons.NETPOL_QUEUE})"
         problem = nft_queue_problem()
         if problem is None:
-            self._wait(f"{addons.NETPOL}'s nftables table {' '.join(NETPOL_TABLE)}", nft_table_present, 60)
+            self.wait(f"{addons.NETPOL}'s nftables table {' '.join(NETPOL_TABLE)}", nft_table_present, 60)
+            for spec in self.others:
+                self.wait(f"{addons.NETPOL}'s nftables table on {spec.name}",
+                          lambda spec=spec: nft_table_present(spec.netns), 60)
         NETPOL_STATUS.write_text(json.dumps({"enforced": problem is None, "agent": agent,
                                              "reason": problem or ""}) + "\n")
         if problem:
@@ -238,23 +188,11 @@ class Node:
             raise ControlPlaneError(f"applying the add-ons failed: {res.stderr}")
 
     def _available(self, ns: str, name: str, kind: str = "deployment") -> bool:
+        """A Deployment with a replica available; a DaemonSet available on every node."""
         field = "numberAvailable" if kind == "daemonset" else "availableReplicas"
         r = self.kubectl("-n", ns, "get", kind, name, "-o", f"jsonpath={{.status.{field}}}")
-        return r.returncode == 0 and r.stdout.strip() not in ("", "0")
-
-    def _node_ready(self) -> bool:
-        r = self.kubectl("get", "node", NODE_NAME, "-o",
-                         'jsonpath={.status.conditions[?(@.type=="Ready")].status}')
-        return r.returncode == 0 and r.stdout.strip() == "True"
-
-    @staticmethod
-    def _proxy_healthy() -> bool:
-        try:
-            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-            with opener.open("http://127.0.0.1:10256/healthz", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        want = 1 + len(self.others) if kind == "daemonset" else 1
+        return r.returncode == 0 and r.stdout.strip().isdigit() and int(r.stdout) >= want
 
     @property
     def running(self) -> bool:
@@ -274,32 +212,15 @@ class Node:
 
     def stop(self) -> None:
         self._drain()
-        for p in reversed(self.procs):
-            p.stop(grace=10)
-        self.procs = []
+        for spec in self.others:
+            kubelet.stop(spec)
+        self.stop_all()
         if self.kafka is not None:
             self.kafka.stop()
         self.cp.stop()
 
 
-def serve(images: dict[str, str], archives: list[Path]) -> int:
-    def on_signal(signum, _frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    node = Node(images, archives)
-    try:
-        node.start()
-        READY.write_text(json.dumps({k: round(v, 1) for k, v in node.timings.items()}) + "\n")
-        print(f"node ready: {node.timings}", flush=True)
-        while node.running:
-            time.sleep(1)
-        print("a node process exited; stopping", flush=True)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        READY.unlink(missing_ok=True)
-        NETPOL_STATUS.unlink(missing_ok=True)
-        node.stop()
+def serve(images_file: Path, archives: list[Path], count: int) -> int:
+    node = Node(json.loads(images_file.read_text()), archives, node_specs(count)[1:], images_file)
+    return kubelet.serve_until_stopped("node tier", node.start, lambda: node.running, node.stop, READY,
+                                       node.timings, also_remove=(NETPOL_STATUS,))

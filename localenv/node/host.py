@@ -1,5 +1,6 @@
-"""What the node tier changes on the host, made and unmade: the network namespace and its
-host-only link, the pods' cgroup root, the Debian packages it needs; and `leftovers()`, the
+"""What the node tier changes on the host, made and unmade: the nodes' network namespaces and
+the one that joins them (SWITCH_NETNS, a bridge and nothing else: the nodes' L2 network, as
+kind's nodes share a Docker network), each node's pods' cgroup root, the Debian packages it needs; and `leftovers()`, the
 list of anything of the tier still on the host (processes, mounts, links, network namespaces,
 iptables rules, cgroups, directories), which `sweep()` removes and a test checks is empty."""
 
@@ -16,7 +17,6 @@ from pathlib import Path
 
 from localenv.node import (
     CNI_BRIDGE,
-    CONTAINERD_SOCK,
     NETNS,
     NODE_IP,
     NODE_LINK,
@@ -24,10 +24,14 @@ from localenv.node import (
     RUN_DIR,
     SERVICE_CIDR,
     STATE_DIR,
+    NodeSpec,
 )
 from localenv.node.config import CNI_NETWORK, cgroup_root
 
 NETNS_PATH = Path("/run/netns") / NETNS
+# The nodes' network: a bridge (no address, no iptables rules) in a namespace of its own, so
+# that traffic between two nodes crosses neither another node's netfilter nor the host.
+SWITCH_NETNS, SWITCH = f"{NETNS}-net", "eopswitch"
 CGROUP_FS = Path("/sys/fs/cgroup")
 # The kubelet links each container's log here (a fixed path, not under its root dir).
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
@@ -83,8 +87,21 @@ def ensure_packages() -> list[str]:
     return missing
 
 
-def node_cgroup_root() -> str:
-    return cgroup_root(Path("/proc/self/cgroup").read_text(), "eopipe-node")
+def node_cgroup_root(name: str = NETNS) -> str:
+    return cgroup_root(Path("/proc/self/cgroup").read_text(), name)
+
+
+def _cgroup_roots() -> list[str]:
+    """The cgroup roots of every node of the tier present on the host (node 0's and its siblings
+    named after the other nodes)."""
+    first = node_cgroup_root().strip("/")
+    parent, name = (first.rsplit("/", 1) if "/" in first else ("", first))
+    found = {first}
+    for h in _hierarchies():
+        top = h / parent if parent else h
+        if top.is_dir():
+            found.update(f"{parent}/{p.name}".strip("/") for p in top.glob(f"{name}-*") if p.is_dir())
+    return sorted(found)
 
 
 def _hierarchies() -> list[Path]:
@@ -109,19 +126,41 @@ def ensure_cgroups(root: str) -> None:
                         (cur / f).write_text((parent / f).read_text())
 
 
-def ensure_netns() -> None:
-    """The namespace, loopback up, the node IP on a bridge with no ports (a host-only link)
-    and a route for the service CIDR to it, so that node processes' traffic to a Service is
-    routed and kube-proxy's rules translate it. No default route: nothing leads out."""
-    if not NETNS_PATH.exists():
-        run("ip", "netns", "add", NETNS)
-    ns = ("ip", "-n", NETNS)
-    run(*ns, "link", "set", "lo", "up")
-    if run(*ns, "link", "show", NODE_LINK, check=False).returncode != 0:
-        run(*ns, "link", "add", NODE_LINK, "type", "bridge")
-    run(*ns, "addr", "replace", f"{NODE_IP}/{NODE_PREFIX}", "dev", NODE_LINK)
-    run(*ns, "link", "set", NODE_LINK, "up")
-    run(*ns, "route", "replace", SERVICE_CIDR, "dev", NODE_LINK, "src", NODE_IP)
+def _switch_port(spec: NodeSpec) -> str:
+    return f"eopn{spec.index}"
+
+
+def ensure_netns(specs: list[NodeSpec]) -> None:
+    """Each node's namespace, loopback up, forwarding on (it routes its pods' traffic), its IP on
+    NODE_LINK, one end of a veth whose other end is a port of SWITCH; a route for each other
+    node's pod /24 through that node, and one for the service CIDR to NODE_LINK, so that node
+    processes' traffic to a Service is routed and kube-proxy's rules translate it. No default
+    route: nothing leads out."""
+    for ns in (SWITCH_NETNS, *(n.netns for n in specs)):
+        if not (Path("/run/netns") / ns).exists():
+            run("ip", "netns", "add", ns)
+        run("ip", "-n", ns, "link", "set", "lo", "up")
+    sw = ("ip", "-n", SWITCH_NETNS)
+    if run(*sw, "link", "show", SWITCH, check=False).returncode != 0:
+        run(*sw, "link", "add", SWITCH, "type", "bridge")
+    run(*sw, "link", "set", SWITCH, "up")
+    for n in specs:
+        ns, port = ("ip", "-n", n.netns), _switch_port(n)
+        if run(*sw, "link", "show", port, check=False).returncode != 0:
+            run(*sw, "link", "add", port, "type", "veth", "peer", "name", NODE_LINK, "netns", n.netns)
+        run(*sw, "link", "set", port, "master", SWITCH, "up")
+        run(*ns, "addr", "replace", f"{n.ip}/{NODE_PREFIX}", "dev", NODE_LINK)
+        run(*ns, "link", "set", NODE_LINK, "up")
+        run(*ns, "route", "replace", SERVICE_CIDR, "dev", NODE_LINK, "src", n.ip)
+        for other in specs:
+            if other is not n:
+                run(*ns, "route", "replace", other.pod_cidr, "via", other.ip)
+        run("ip", "netns", "exec", n.netns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+
+
+def cut_node(spec: NodeSpec, up: bool = False) -> None:
+    """The node's cable pulled out of the switch (or put back): nothing reaches it or leaves it."""
+    run("ip", "-n", SWITCH_NETNS, "link", "set", _switch_port(spec), "up" if up else "down")
 
 
 def join_netns() -> int:
@@ -150,25 +189,36 @@ def _setns(path) -> None:
         os.close(fd)
 
 
-def _netns_inode() -> int | None:
-    try:
-        return NETNS_PATH.stat().st_ino
-    except OSError:
-        return None
+def _tier_netns() -> list[str]:
+    """The tier's namespaces present: the nodes' (eopipe-node, eopipe-node-<i>) and the switch's."""
+    d = Path("/run/netns")
+    return sorted(p.name for p in d.glob(f"{NETNS}*")) if d.is_dir() else []
 
 
-def tier_pids() -> list[int]:
-    """Processes of the tier: those in its network namespace (control plane, containerd and
-    its shims, kubelet, kube-proxy), those whose command line names its directories, and the
-    containers' processes in its cgroups."""
-    ino, me = _netns_inode(), os.getpid()
-    marks = (str(STATE_DIR), str(RUN_DIR))
+def _netns_inodes() -> set[int]:
+    out = set()
+    for name in _tier_netns():
+        try:
+            out.add((Path("/run/netns") / name).stat().st_ino)
+        except OSError:
+            pass
+    return out
+
+
+def tier_pids(spec: NodeSpec | None = None) -> list[int]:
+    """Processes of the tier (or of one node): those in its network namespaces (control plane,
+    containerd and its shims, kubelet, kube-proxy), those whose command line names its
+    directories, and the containers' processes in its cgroups."""
+    inos = {(spec.netns_path.stat().st_ino if spec.netns_path.exists() else -1)} if spec else _netns_inodes()
+    me = os.getpid()
+    marks = (str(spec.state_dir) + "/", str(spec.run_dir) + "/") if spec and spec.index else \
+        (str(STATE_DIR), str(RUN_DIR))
     pids: set[int] = set()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == me:
             continue
         try:
-            if ino is not None and os.stat(d / "ns" / "net").st_ino == ino:
+            if os.stat(d / "ns" / "net").st_ino in inos:
                 pids.add(int(d.name))
                 continue
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -176,15 +226,62 @@ def tier_pids() -> list[int]:
             continue
         if any(m in cmd for m in marks):
             pids.add(int(d.name))
-    root = node_cgroup_root().strip("/")
+    for root in [node_cgroup_root(spec.cgroup).strip("/")] if spec else _cgroup_roots():
+        pids.update(_cgroup_pids(root))
+    pids.discard(me)
+    return sorted(pids)
+
+
+def _cgroup_pids(root: str) -> set[int]:
+    """The processes in a cgroup root and below it, in any hierarchy (the pods' containers)."""
+    pids: set[int] = set()
     for h in _hierarchies():
         for procs in (h / root).rglob("cgroup.procs") if (h / root).exists() else ():
             try:
                 pids.update(int(p) for p in procs.read_text().split())
             except OSError:
                 pass
-    pids.discard(me)
-    return sorted(pids)
+    return pids
+
+
+def kill_node(spec: NodeSpec, containers: bool = True) -> int:
+    """SIGKILL to everything of one node, as a power cut: kubelet, containerd, shims and the
+    containers; or (containers False) to its agents only (serve-node, containerd, kubelet,
+    kube-proxy), its pods' containers left running, as a node cut off from the cluster whose
+    pods live on. Its files stay, as a disk does. Returns how many processes it killed."""
+    if containers:
+        return _kill_all(lambda: tier_pids(spec))
+
+    def agents() -> list[int]:
+        ino = spec.netns_path.stat().st_ino
+        pods = set(_cgroup_pids(node_cgroup_root(spec.cgroup).strip("/")))
+        out = []
+        for d in Path("/proc").iterdir():
+            try:
+                if (d.name.isdigit() and int(d.name) not in pods and os.stat(d / "ns" / "net").st_ino == ino
+                        and not _cmdline(int(d.name)).startswith(("containerd-shim", "/usr/bin/containerd-shim"))):
+                    out.append(int(d.name))
+            except OSError:
+                continue
+        return out
+    return _kill_all(agents)
+
+
+def _kill_all(find) -> int:
+    """SIGKILL to what find() lists, again until it lists nothing (a dying containerd's shims)."""
+    killed: set[int] = set()
+    for _ in range(20):
+        pids = find()
+        if not pids:
+            break
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+                killed.add(p)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.25)
+    return len(killed)
 
 
 def tier_mounts() -> list[str]:
@@ -200,21 +297,24 @@ def tier_mounts() -> list[str]:
     return out
 
 
-def _containerd_ids() -> list[str]:
-    """The tier's task ids (pod sandboxes and containers), from containerd's state directory."""
-    tasks = RUN_DIR / "containerd" / "io.containerd.runtime.v2.task" / "k8s.io"
-    return sorted(p.name for p in tasks.iterdir()) if tasks.is_dir() else []
+def _containerd_run_dirs() -> list[Path]:
+    """The run directory of each node's containerd present (node 0's, then the others')."""
+    nodes = RUN_DIR / "nodes"
+    return [RUN_DIR, *(sorted(p for p in nodes.iterdir() if p.is_dir()) if nodes.is_dir() else [])]
 
 
-def shim_sockets(ids: list[str] | None = None) -> list[Path]:
+def shim_sockets() -> list[Path]:
     """containerd 1.6 puts each shim's socket at a fixed place, /run/containerd/s/<sha256 of
     its containerd address/namespace/id>, whatever containerd's own state directory; a shim
     killed by SIGKILL leaves it."""
     out = []
-    for i in _containerd_ids() if ids is None else ids:
-        h = hashlib.sha256(os.path.join(str(CONTAINERD_SOCK), "k8s.io", i).encode()).hexdigest()
-        if (SHIM_SOCKETS / h).exists():
-            out.append(SHIM_SOCKETS / h)
+    for run_dir in _containerd_run_dirs():
+        tasks = run_dir / "containerd" / "io.containerd.runtime.v2.task" / "k8s.io"
+        sock = run_dir / "containerd" / "containerd.sock"
+        for i in sorted(p.name for p in tasks.iterdir()) if tasks.is_dir() else []:
+            h = hashlib.sha256(os.path.join(str(sock), "k8s.io", i).encode()).hexdigest()
+            if (SHIM_SOCKETS / h).exists():
+                out.append(SHIM_SOCKETS / h)
     return out
 
 
@@ -245,14 +345,13 @@ def leftovers() -> dict[str, list[str]]:
             res = run(save, check=False)
             rules += [f"{save}: {ln}" for ln in res.stdout.splitlines()
                       if "KUBE-" in ln or "CNI-" in ln or NODE_IP in ln]
-    root = node_cgroup_root().strip("/")
     return {
         "processes": [f"{p} {_cmdline(p)}" for p in tier_pids()],
         "mounts": tier_mounts(),
-        "links": [n for n in links if n in (NODE_LINK, CNI_BRIDGE)],
-        "netns": [n for n in netns if n == NETNS or n.startswith("cni-")],
+        "links": [n for n in links if n in (NODE_LINK, CNI_BRIDGE, SWITCH)],
+        "netns": [n for n in netns if n.startswith((NETNS, "cni-"))],
         "iptables": rules,
-        "cgroups": [str(h / root) for h in _hierarchies() if (h / root).exists()],
+        "cgroups": [str(h / root) for root in _cgroup_roots() for h in _hierarchies() if (h / root).exists()],
         "dirs": [str(d) for d in (STATE_DIR, RUN_DIR) if d.exists()],
         "files": [str(p) for p in (*_log_links(), *_cni_cache_files(), *shim_sockets(),
                                    *([KUBELET_DEVICE_SOCK] if KUBELET_DEVICE_SOCK.exists() else []))],
@@ -270,16 +369,7 @@ def sweep() -> None:
     """Removes whatever the tier left: SIGKILL to its processes (by pid), the host sysctls the
     kubelet changed set back, lazy unmounts
     (deepest first), its namespaces, its cgroups (deepest first), its directories."""
-    for _ in range(20):
-        pids = tier_pids()
-        if not pids:
-            break
-        for p in pids:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.25)
+    _kill_all(tier_pids)
     restore_sysctls()
     for f in (*shim_sockets(), *_cni_cache_files(), KUBELET_DEVICE_SOCK):
         f.unlink(missing_ok=True)
@@ -289,8 +379,7 @@ def sweep() -> None:
         run("ip", "netns", "delete", n, check=False)
     for mp in tier_mounts():  # /run/netns, now empty
         run("umount", "-l", mp, check=False)
-    root = node_cgroup_root().strip("/")
-    for h in _hierarchies():
+    for h, root in [(h, root) for root in _cgroup_roots() for h in _hierarchies()]:
         top = h / root
         if top.exists():
             for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),

@@ -27,6 +27,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from localenv.node import NODE_NAME
+
 VERSION = os.environ.get("SPARK_OPERATOR_VERSION", "v2.5.2")
 MODULE = "github.com/kubeflow/spark-operator/v2"
 RELEASE = NAMESPACE = "spark-operator"
@@ -52,6 +54,9 @@ def chart_dir(version: str = VERSION) -> Path:
     return module_dir(version) / "charts" / "spark-operator-chart"
 
 
+ON_NODE_0 = {"kubernetes.io/hostname": NODE_NAME}
+
+
 def values(image: str, webhook: bool = True) -> dict:
     """The chart's values for `image` (`<registry>/<repository>:<tag>`, as the node holds it)."""
     registry, rest = image.split("/", 1)
@@ -60,9 +65,10 @@ def values(image: str, webhook: bool = True) -> dict:
     return {
         "image": {**ref, "pullPolicy": "IfNotPresent"},
         "spark": {"jobNamespaces": [""], "serviceAccount": {"create": False}, "rbac": {"create": False}},
-        "webhook": {"enable": webhook},
-        # One node, two cores: one replica each (the chart's default) with short leases.
-        "controller": {"leaderElection": {"leaseDuration": "15s"}},
+        # On node 0, the control plane's, as a cluster keeps its add-ons on nodes a test does not lose.
+        "webhook": {"enable": webhook, "nodeSelector": ON_NODE_0},
+        # Two cores: one replica each (the chart's default) with short leases.
+        "controller": {"leaderElection": {"leaseDuration": "15s"}, "nodeSelector": ON_NODE_0},
         "prometheus": {"podMonitor": {"create": False}},
     }
 

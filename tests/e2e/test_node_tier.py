@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import ipaddress
 import json
-import os
 import secrets
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from eopipe.core.names import LABEL_COMPONENT, LABEL_PIPELINE, Names
 from eopipe.core.processing import DEFAULT_MOUNT_PATH as MOUNT_PATH
 from eopipe.core.spec import PipelineSpec
 from localenv import REPO_ROOT
-from localenv.node import NETNS, NETPOL_STATUS, NODE_NAME, POD_CIDR
+from localenv.node import NETNS, NETPOL_STATUS, running_nodes
 from localenv.node.__main__ import kill_container, kubectl_argv
 from localenv.node.host import shim_sockets
 from localenv.node import objectstore as node_objectstore
@@ -39,7 +38,18 @@ from localenv.objectstore import S3Credentials
 from tests.helpers import nodetier
 from tests.helpers.docs import sh_blocks
 from tests.helpers.manifests import differences
+from tests.helpers.nodepipes import (
+    delete_spark_pipeline,
+    delete_topics,
+    driver_says,
+    helm_bin,
+    install_operator,
+    settled,
+    start_load,
+    verify_both_stages,
+)
 from tests.helpers.nodetier import (
+    NODE_TESTS,
     BOOTSTRAP,
     EOPIPE,
     eopipe,
@@ -58,50 +68,12 @@ from tests.helpers.nodetier import (
 )
 from tests.helpers.sparkfiles import checkpoint_offsets, parse_rows, reader_script
 
-# `make test` and `make test-node` set EOPIPE_NODE_TESTS=1; a bare pytest skips these (a first run
-# installs Debian packages and builds the images: minutes). They need root (docs/design.md#the-node-tier).
-pytestmark = [pytest.mark.node,
-              pytest.mark.skipif(os.environ.get("EOPIPE_NODE_TESTS") != "1",
-                                 reason="node tier: run by `make test` / `make test-node` (EOPIPE_NODE_TESTS=1)"),
-              pytest.mark.skipif(os.geteuid() != 0, reason="the node tier needs root")]
+pytestmark = NODE_TESTS
 
 
 # The version, then the apiserver through the `kubernetes` Service (kube-proxy's rules).
 POD_SCRIPT = ("eopipe --version && python -c \"import socket; "
               "socket.create_connection(('10.0.0.1', 443), 5); print('service ok')\" && exec sleep 3600")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _log_to_terminal(pytestconfig):
-    """The tier's start, pods, steps and verdicts in the run's own output, passed or not
-    (module scope: before the tier starts)."""
-    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
-
-    def write(text: str) -> None:
-        with capture.global_and_fixture_disabled():
-            print(text, flush=True)
-    before, nodetier.emit = nodetier.emit, write
-    yield
-    nodetier.emit = before
-
-
-@pytest.fixture(autouse=True)
-def _a_failure_frees_the_node(request):
-    """After a failed test, its pipelines are deleted and their Spark pods gone: a driver left
-    running holds the node's two cores, and every later Spark test's driver would stay Pending
-    (one failure read as five)."""
-    failed = request.session.testsfailed
-    yield
-    if request.session.testsfailed == failed or "node_tier" not in request.fixturenames:
-        return
-    left = kubectl("get", "exactlyoncepipelines", "-A", "-o",
-                   "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name} {end}", check=False)
-    for ref in left.split():
-        ns, name = ref.split("/")
-        log(f"after the failure: deleting pipeline {ref}")
-        kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=120s", check=False)
-    wait(lambda: not kubectl("get", "pods", "-A", "-l", "spark-role", "-o", "name", check=False), 180,
-         "the failed test's Spark pods gone")
 
 
 def test_pod_from_the_project_image_runs_on_the_kubelet(node_tier):
@@ -125,8 +97,9 @@ def test_pod_from_the_project_image_runs_on_the_kubelet(node_tier):
     row = next(ln.split() for ln in wide.splitlines() if ln.startswith("eopipe-version "))
     header = wide.splitlines()[0].split()
     ip, node = row[header.index("IP")], row[header.index("NODE")]
-    assert node == NODE_NAME
-    assert ipaddress.ip_address(ip) in ipaddress.ip_network(POD_CIDR), ip
+    # Its address is from the /24 of the node it runs on.
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(
+        next(n.pod_cidr for n in running_nodes() if n.name == node)), (ip, node)
     deadline = time.monotonic() + 30
     while "service ok" not in (logs := kubectl("logs", "eopipe-version")):
         assert time.monotonic() < deadline, logs
@@ -140,16 +113,6 @@ def test_pod_from_the_project_image_runs_on_the_kubelet(node_tier):
     # The pod's shim socket: at a fixed host path; the teardown test checks it is gone.
     node_tier["shim_sockets"] = shim_sockets()
     assert node_tier["shim_sockets"], "no shim socket found for the running pod"
-
-
-def _settled(ns: str, name: str, after: int | None = None) -> dict | None:
-    obj = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)
-    st = obj.get("status") or {}
-    ready = next((c for c in st.get("conditions", []) if c["type"] == "Ready"), {})
-    ok = (ready.get("status") == "True" and st.get("phase") == "Running" and not st.get("rebalance")
-          and st.get("observedGeneration") == obj["metadata"]["generation"]
-          and (after is None or (st.get("lastRebalance") or {}).get("id", -1) > after))
-    return obj if ok else None
 
 
 def _restarts(ns: str, pod: str) -> int:
@@ -170,13 +133,8 @@ def _rescale(ns: str, name: str, change: list[str], what: str) -> None:
     before = _last_rebalance(ns, name)
     kubectl("-n", ns, *change)
     t = time.monotonic()
-    wait(lambda: _settled(ns, name, before), 300, f"{name} settled after {what}")
+    wait(lambda: settled(ns, name, before), 300, f"{name} settled after {what}")
     log(f"{what}: settled in {time.monotonic() - t:.0f}s")
-
-
-def _helm_bin() -> str:
-    return subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), "helm"], check=True,
-                          capture_output=True, text=True).stdout.split()[-1]
 
 
 def test_install_doc_helm_path_in_restricted_namespaces(node_tier):
@@ -192,7 +150,7 @@ def test_install_doc_helm_path_in_restricted_namespaces(node_tier):
     for role, repo in (("app", "localhost/eopipe"), ("spark", "localhost/eopipe-spark")):
         assert node_tier[role].startswith(f"{repo}:"), node_tier[role]
         tag_image(node_tier[role], f"{repo}:{version}")
-    env = shell_env(_helm_bin())
+    env = shell_env(helm_bin())
 
     def run(commands: list[str]) -> dict[str, str]:
         outs = {}
@@ -231,7 +189,7 @@ def test_install_doc_helm_path_in_restricted_namespaces(node_tier):
     assert f'eopipe_operator_pipeline_ready{{name="{name}",namespace="{ns}"}} 1.0' in metrics
     run(upgrade)
     kubectl("-n", "eopipe-system", "rollout", "status", "deployment/eopipe", "--timeout=180s")
-    wait(lambda: _settled(ns, name), 180, "the pipeline Ready after the upgrade")
+    wait(lambda: settled(ns, name), 180, "the pipeline Ready after the upgrade")
     run(uninstall)
     wait(lambda: not kubectl("-n", "eopipe-system", "get", "pods", "-o", "name"), 120, "the operator's pods gone")
     # The next test starts from no topics, as on a fresh cluster.
@@ -306,7 +264,7 @@ def _upgrade_operator(helm_bin: str, ns: str, name: str, images: dict) -> None:
 def _new_driver_runs(ns: str, name: str, image: str) -> bool:
     """The driver pod is of `image` and its streaming query runs."""
     return (kubectl("-n", ns, "get", "pod", f"{name}-spark-driver", "-o", "jsonpath={.spec.containers[0].image}",
-                    check=False) == image and _driver_says(ns, f"{name}-spark", "streaming query running"))
+                    check=False) == image and driver_says(ns, f"{name}-spark", "streaming query running"))
 
 
 def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
@@ -320,7 +278,7 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
     2 -> 3 -> 2 pods, 4 -> 6 source partitions, and `eopipe verify` of both stages: nothing
     lost, nothing twice. A second pipeline (Delete) checks deletion and that `eopipe render` is
     what the upgraded operator applies."""
-    helm_bin = _helm_bin()
+    helm_path = helm_bin()
     t = time.monotonic()
     old_image, archive = commit_app_image(PREVIOUS)
     old_spark, spark_archive = commit_spark_image(PREVIOUS, node_tier["spark"])
@@ -333,7 +291,7 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
     kubectl("delete", "crd", "exactlyoncepipelines.eopipe.dev", "--ignore-not-found", "--timeout=60s")
     (repo, tag), (spark_repo, spark_tag) = old_image.rsplit(":", 1), old_spark.rsplit(":", 1)
     t = time.monotonic()
-    helm(helm_bin, "install", "eopipe", str(old / "charts" / "eopipe"), "-n", "eopipe-system",
+    helm(helm_path, "install", "eopipe", str(old / "charts" / "eopipe"), "-n", "eopipe-system",
          "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
          "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
          "--wait", "--timeout", "180s")
@@ -347,7 +305,7 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
     doc["spec"]["sink"]["kafka"] = {"topic": sink, "partitions": 4}
     kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
     t = time.monotonic()
-    wait(lambda: _settled(ns, name) and _driver_says(ns, f"{name}-spark", "streaming query running"), 400,
+    wait(lambda: settled(ns, name) and driver_says(ns, f"{name}-spark", "streaming query running"), 400,
          "the pipeline Ready, its streaming query running")
     log(f"{name} Ready, its query running in {time.monotonic() - t:.0f}s")
     _rescale(ns, name, ["scale", "exactlyoncepipeline", name, "--replicas=2"], "scale 1 -> 2")
@@ -357,13 +315,13 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
     poison = eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", "events", "--count", "0", "--poison", "20",
                     "--seed", "14", "--quiet", "--json")
     assert poison.returncode == 0, poison.stderr
-    load = _load("events", "1000000", "800", "14")
-    _upgrade_operator(helm_bin, ns, name, node_tier)
+    load = start_load("events", "1000000", "800", "14")
+    _upgrade_operator(helm_path, ns, name, node_tier)
     kubectl("-n", ns, "delete", "pod", f"{name}-dedup-0", "--grace-period=0", "--force")
     log(f"deleted pod {name}-dedup-0 (--grace-period=0 --force)")
     time.sleep(4)
     log(f"killed the container of {name}-dedup-1 under the kubelet: {kill_container(ns, f'{name}-dedup-1')[:12]}")
-    wait(lambda: _restarts(ns, f"{name}-dedup-1") >= 1 and _ready_pods(ns, name) == 2 and _settled(ns, name)
+    wait(lambda: _restarts(ns, f"{name}-dedup-1") >= 1 and _ready_pods(ns, name) == 2 and settled(ns, name)
          and _new_driver_runs(ns, name, node_tier["spark"]), 400,
          "both pods back, a driver of the new Spark image running the query, the pipeline Ready")
     log("both pods back, the new driver's query running, pipeline Ready")
@@ -379,14 +337,14 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
                         "-p", '{"spec": {"source": {"partitions": 6}}}'], "source partitions 4 -> 6")
 
     log(f"kubectl get pods -A -o wide\n{kubectl('get', 'pods', '-A', '-o', 'wide')}")
-    rep = _verify_both_stages(ns, name, "events", sink)["dedup stage"]
+    rep = verify_both_stages(ns, name, "events", sink)["dedup stage"]
     # The load spanned the faults (asserted above); 5 s of it at least, however quick they were.
     assert rep["unique_in"] == sent["unique"] > 2800, rep
     assert rep["malformed_in"] == rep["dead_lettered"] == 20, rep
 
     # Deletion: Retain (the default) keeps the topics; Delete removes the ones it created, never
     # the adopted source.
-    _delete_spark_pipeline(ns, name)
+    delete_spark_pipeline(ns, name)
     assert {"events", f"{ns}.{name}.deduped", f"{ns}.{name}.dlq", sink} <= topics()
     name = "minimal"
     kubectl("create", "namespace", "team-b")
@@ -395,7 +353,7 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
     team_b = tmp_path / "team-b.yaml"
     team_b.write_text(yaml.safe_dump(doc))
     kubectl("-n", "team-b", "apply", "-f", str(team_b))
-    wait(lambda: _settled("team-b", name), 180, "team-b's pipeline Ready")
+    wait(lambda: settled("team-b", name), 180, "team-b's pipeline Ready")
     _render_is_what_the_chart_applied("team-b", team_b, node_tier)
     assert {f"team-b.{name}.deduped", f"team-b.{name}.dlq"} <= topics()
     kubectl("-n", "team-b", "delete", "exactlyoncepipeline", name, "--timeout=120s")
@@ -440,7 +398,7 @@ def _start_spark_example(ns: str, name: str, example: str, patch: dict | None = 
     doc = yaml.safe_load((REPO_ROOT / "examples" / example).read_text())
     kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(_merged(doc, patch or {})))
     t = time.monotonic()
-    wait(lambda: _settled(ns, name) and _spark_app(ns, f"{name}-spark").get("applicationState", {}).get("state")
+    wait(lambda: settled(ns, name) and _spark_app(ns, f"{name}-spark").get("applicationState", {}).get("state")
          == "RUNNING", 400, f"{name} Ready with its Spark driver RUNNING")
     log(f"{name} Ready, Spark driver RUNNING in {time.monotonic() - t:.0f}s")
     wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor",
@@ -668,39 +626,8 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
         f"{sum(n > 1 for n in counts.values())} twice, {len(set(sent['expected']) - set(counts))} missing")
     assert all(r[1] is not None and r[2] for r in rows), rows[:3]
     assert set(counts) == set(sent["expected"]) and max(counts.values()) == 1
-    _delete_spark_pipeline(ns, name)  # the cores to the next test
+    delete_spark_pipeline(ns, name)  # the cores to the next test
     kubectl("delete", "namespace", node_objectstore.NAMESPACE, "--wait=false")
-
-
-def _verify_both_stages(ns: str, name: str, source: str, sink: str) -> dict[str, dict]:
-    """`eopipe verify` of the dedup stage and end to end, each with nothing lost and nothing twice;
-    the reports by stage."""
-    common = ["--bootstrap", BOOTSTRAP, "--source", source, "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
-              "--json", "--timeout", "400"]
-    reports = {}
-    for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
-                        ("end to end", ["--output", sink, "--no-order", "--settle", "30"])):
-        res = eopipe("verify", *common, *extra)
-        log(f"eopipe verify, {what}: {res.stdout}{res.stderr}")
-        rep = reports[what] = json.loads(res.stdout)
-        assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
-    return reports
-
-
-def _delete_spark_pipeline(ns: str, name: str, check: bool = True) -> None:
-    """Deleted with its Spark pods gone: a driver left running holds the node's cores, and the
-    next Spark test's driver would stay Pending."""
-    kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s", check=check)
-    wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
-
-
-def _delete_topics(ns: str, name: str, src: str, sink: str) -> None:
-    """A Spark test pipeline's topics, so the next test starts on none of its records."""
-    nodetier.python("from confluent_kafka.admin import AdminClient\n"
-                    f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
-                    f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq') "
-                    "if t in a.list_topics(timeout=10).topics]\n"
-                    "[f.result(30) for f in a.delete_topics(left).values()] if left else None")
 
 
 def _operator_pods() -> set[str]:
@@ -770,7 +697,7 @@ def test_spark_stage_lifecycle_through_the_real_operator(node_tier):
         t, before = time.monotonic(), _events(ns, name)
         doc["spec"]["processing"]["schema"] = good_schema
         kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
-        wait(lambda: _settled(ns, name) and _spark_app(ns, app_name).get("applicationState", {}).get("state")
+        wait(lambda: settled(ns, name) and _spark_app(ns, app_name).get("applicationState", {}).get("state")
              == "RUNNING", 400, f"{name} Ready with its fixed schema's driver RUNNING")
         log(f"{name}: the fixed schema Ready, its driver RUNNING in {time.monotonic() - t:.0f}s")
         _submitted_once(ns, name, before)
@@ -797,7 +724,7 @@ def test_spark_stage_lifecycle_through_the_real_operator(node_tier):
                              "jsonpath={.spec.holderIdentity}")
             wait(lambda: "reconciled: phase=Running" in kubectl("-n", "eopipe-system", "logs", leader, check=False),
                  120, "a pass of the new leader (its resume handler) over the running stage", interval=2)
-            wait(lambda: _settled(ns, name), 120, "the pipeline Ready under the new operator")
+            wait(lambda: settled(ns, name), 120, "the pipeline Ready under the new operator")
             log(f"new operator pods leading, a pass over the pipeline done, in {time.monotonic() - t:.0f}s")
             now = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
             assert now["metadata"]["uid"] == app["metadata"]["uid"], "the new operator re-created the application"
@@ -836,7 +763,7 @@ def test_spark_stage_lifecycle_through_the_real_operator(node_tier):
 
         kubectl("-n", ns, "patch", "exactlyoncepipeline", name, "--type=merge", "-p", '{"spec": {"paused": false}}')
         t = time.monotonic()
-        wait(lambda: _settled(ns, name) and _spark_app(ns, app_name).get("applicationState", {}).get("state")
+        wait(lambda: settled(ns, name) and _spark_app(ns, app_name).get("applicationState", {}).get("state")
              == "RUNNING", 400, "Ready again, the driver RUNNING, after the resume")
         again = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
         assert again["metadata"]["uid"] != app["metadata"]["uid"]  # created again on resume
@@ -847,11 +774,11 @@ def test_spark_stage_lifecycle_through_the_real_operator(node_tier):
             == pvc["metadata"]["uid"]
         assert json.loads((checkpoint / "metadata").read_text())["id"] == query  # the same query, resumed
 
-        for what, rep in _verify_both_stages(ns, name, src, sink).items():
+        for what, rep in verify_both_stages(ns, name, src, sink).items():
             assert rep["unique_in"] == sent["unique"], (what, rep)
     finally:  # passed or not: the node's cores and the topics to the next test
-        _delete_spark_pipeline(ns, name, check=False)
-        _delete_topics(ns, name, src, sink)
+        delete_spark_pipeline(ns, name, check=False)
+        delete_topics(ns, name, src, sink)
 
 
 def _sink_forms(topic: str) -> dict[str, int]:
@@ -860,17 +787,6 @@ def _sink_forms(topic: str) -> dict[str, int]:
         "import json; from collections import Counter; from eopipe.tools.verify import TopicReader\n"
         f"c = Counter(','.join(sorted(json.loads(m.value()))) for m in TopicReader({BOOTSTRAP!r}).read({topic!r}))\n"
         "print(json.dumps(c))", timeout=300))
-
-
-def _load(topic: str, count: str, rate: str, seed: str) -> subprocess.Popen:
-    return subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", topic, "--count", count,
-                                    "--rate", rate, "--dup-ratio", "0.3", "--seed", seed, "--quiet", "--json"),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _driver_says(ns: str, app_name: str, *words: str) -> bool:
-    text = kubectl("-n", ns, "logs", f"{app_name}-driver", check=False)
-    return all(w in text for w in words)
 
 
 @pytest.mark.timeout(2400)  # four driver changes under load, two verifies
@@ -904,17 +820,17 @@ def test_spark_upgrade_modes_through_the_real_operator(node_tier):
     def running(*words: str, what: str) -> None:
         t = time.monotonic()
         wait(lambda: _spark_app(ns, app_name).get("applicationState", {}).get("state") == "RUNNING"
-             and _driver_says(ns, app_name, "streaming query running", *words), 600, what, interval=3)
+             and driver_says(ns, app_name, "streaming query running", *words), 600, what, interval=3)
         log(f"{what}: in {time.monotonic() - t:.0f}s")
 
     kubectl("create", "namespace", ns)
     load = None
     try:
         apply()
-        wait(lambda: _settled(ns, name), 400, f"{name} Ready")
+        wait(lambda: settled(ns, name), 400, f"{name} Ready")
         running(what="projection A's query running")
         # Load until the refusal (Spark judges a checkpoint when records arrive), stopped then.
-        load = _load(src, "200000", "120", "31")
+        load = start_load(src, "200000", "120", "31")
         wait(lambda: _sink_end(sink) > 0, 300, "A's first records in the sink", interval=3)
 
         # The checkpoint claim deleted mid-load; it goes once the driver and executors are gone.
@@ -966,21 +882,21 @@ def test_spark_upgrade_modes_through_the_real_operator(node_tier):
                 what="the aggregate's query running on a new checkpoint generation")
         st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)["status"]
         assert st["sparkCheckpoint"]["generation"] == 1, st.get("sparkCheckpoint")
-        load = _load(src, "4000", "150", "32")
+        load = start_load(src, "4000", "150", "32")
         out, err = load.communicate(timeout=300)
         assert load.returncode == 0, err
         log(f"load: {out}")
-        wait(lambda: _settled(ns, name), 300, f"{name} Ready on the aggregate")
+        wait(lambda: settled(ns, name), 300, f"{name} Ready on the aggregate")
 
-        _verify_both_stages(ns, name, src, sink)  # the first load was stopped: the source is the truth
+        verify_both_stages(ns, name, src, sink)  # the first load was stopped: the source is the truth
         got = _sink_forms(sink)
         log(f"the sink's records by form: {got}")
         assert set(got) == {"account,form,id", "amount_cents,form,id", "id,n"}, got
     finally:
         if load is not None:
             load.kill()
-        _delete_spark_pipeline(ns, name, check=False)
-        _delete_topics(ns, name, src, sink)
+        delete_spark_pipeline(ns, name, check=False)
+        delete_topics(ns, name, src, sink)
         kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
 
@@ -1014,7 +930,7 @@ def test_spark_pods_keep_the_spec_with_the_webhook_off(node_tier):
     _spark_webhook(False)
     try:
         _start_spark_example(ns, name, "payments.yaml")
-        _delete_spark_pipeline(ns, name)
+        delete_spark_pipeline(ns, name)
     finally:
         _spark_webhook(True)
 
@@ -1213,11 +1129,7 @@ def _install_operator_if_absent(node_tier) -> None:
     """The operator as test_pipeline_exactly_once_on_the_kubelet installs it, when a test runs without it."""
     if kubectl("-n", "eopipe-system", "get", "deployment", "eopipe", "-o", "name", check=False).strip():
         return
-    (repo, tag), (spark_repo, spark_tag) = node_tier["app"].rsplit(":", 1), node_tier["spark"].rsplit(":", 1)
-    helm(_helm_bin(), "install", "eopipe", str(REPO_ROOT / "charts" / "eopipe"), "-n", "eopipe-system",
-         "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
-         "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
-         "--wait", "--timeout", "180s")
+    install_operator(node_tier)
     log("installed the operator (helm install, as test_pipeline_exactly_once_on_the_kubelet)")
 
 
@@ -1391,7 +1303,7 @@ def test_a_hostile_tenant_gains_nothing(node_tier):
 
         # -- 10: the state endpoints of the tenant's running pipeline -------------------------------
         t = time.monotonic()
-        wait(lambda: _settled(TENANT_NS, "minimal"), 180, "the tenant's pipeline minimal Ready")
+        wait(lambda: settled(TENANT_NS, "minimal"), 180, "the tenant's pipeline minimal Ready")
         log(f"hostile tenant: minimal Ready after {time.monotonic() - t:.0f}s more")
         dedup_pod = "minimal-dedup-0"
         dedup_ip = kubectl("-n", TENANT_NS, "get", "pod", dedup_pod, "-o", "jsonpath={.status.podIP}")

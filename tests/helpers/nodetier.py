@@ -11,11 +11,22 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from localenv import REPO_ROOT
-from localenv.node import NODE_IP
+from localenv.node import NODE_IP, running_nodes
 from localenv.node.__main__ import KUBECONFIG, kubectl_argv
 from localenv.node.addons import KAFKA_PORT
 from localenv.node.host import NETNS_PATH
+
+# Every node-tier test module's marks. `make test` and `make test-node` set EOPIPE_NODE_TESTS=1; a
+# bare pytest skips these (a first run installs Debian packages and builds the images: minutes).
+# They need root (docs/design.md#the-node-tier). The fixtures are tests/e2e/conftest.py's.
+NODE_TESTS = [pytest.mark.node,
+              pytest.mark.skipif(os.environ.get("EOPIPE_NODE_TESTS") != "1",
+                                 reason="node tier: run by `make test` / `make test-node` (EOPIPE_NODE_TESTS=1)"),
+              pytest.mark.skipif(os.geteuid() != 0, reason="the node tier needs root"),
+              pytest.mark.usefixtures("node_log_to_terminal", "node_failure_frees_the_node")]
 
 # Where tests (in the namespace, not in a pod) reach the broker; pods use kafka.kafka.svc.
 BOOTSTRAP = f"{NODE_IP}:{KAFKA_PORT}"
@@ -24,19 +35,19 @@ EOPIPE = str(REPO_ROOT / ".venv" / "bin" / "eopipe")
 
 
 def tag_image(ref: str, new: str) -> None:
-    """A second name for an image the node holds (what `docker tag` before a push would give)."""
-    from localenv.node import CONTAINERD_SOCK
-
-    subprocess.run(["ctr", "--address", str(CONTAINERD_SOCK), "-n", "k8s.io", "images", "tag", "--force", ref, new],
-                   check=True, capture_output=True)
+    """A second name for an image every node holds (what `docker tag` before a push would give)."""
+    for node in running_nodes():
+        subprocess.run(["ctr", "--address", str(node.containerd_sock), "-n", "k8s.io", "images", "tag", "--force",
+                        ref, new], check=True, capture_output=True)
 
 
 def import_image(archive: Path) -> None:
-    """An image archive built after `up` (the upgrade test's earlier operator) loaded into the node."""
-    from localenv.node import CONTAINERD_SOCK
+    """An image archive built after `up` (the upgrade test's earlier operator) loaded into every
+    node, as `kind load image-archive` does."""
     from localenv.node.images import import_images
 
-    import_images(["ctr", "--address", str(CONTAINERD_SOCK)], [archive])
+    for node in running_nodes():
+        import_images(["ctr", "--address", str(node.containerd_sock)], [archive])
 
 
 def shell_env(tools_bin: str) -> dict[str, str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from localenv.node import NODE_IP, NODE_PREFIX, POD_CIDR, SERVICE_CIDR
+from localenv.node import MAX_NODES, NODE_IP, NODE_PREFIX, POD_CIDR, POD_RANGE, SERVICE_CIDR, STATE_DIR, node_specs
 from localenv.node import config as cfg
 
 
@@ -81,3 +81,30 @@ def test_the_tier_addresses_do_not_overlap():
             ipaddress.ip_network(SERVICE_CIDR)]
     assert all(n.is_private for n in nets)
     assert not any(a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1:])
+
+
+@pytest.mark.parametrize("count, names, ips, pods", [
+    (1, ["eopipe-node"], ["10.211.0.2"], ["10.212.0.0/24"]),
+    (3, ["eopipe-node", "eopipe-node-1", "eopipe-node-2"], ["10.211.0.2", "10.211.0.3", "10.211.0.4"],
+     ["10.212.0.0/24", "10.212.1.0/24", "10.212.2.0/24"]),
+])
+def test_the_nodes_of_a_tier(count, names, ips, pods):
+    specs = node_specs(count)
+    assert [n.name for n in specs] == names and [n.ip for n in specs] == ips and [n.pod_cidr for n in specs] == pods
+    assert specs[0].state_dir == STATE_DIR and specs[0].pod_cidr == POD_CIDR and specs[0].ip == NODE_IP
+    node_net = ipaddress.ip_network(f"{NODE_IP}/{NODE_PREFIX}", strict=False)
+    for n in specs[1:]:
+        # Files of its own below the tier's (down removes them), a cgroup root and netns of its own.
+        assert n.state_dir.is_relative_to(STATE_DIR / "nodes") and n.cgroup == n.netns == n.name
+        assert len(str(n.containerd_sock)) < 108  # a unix socket path's limit
+    for n in specs:
+        assert ipaddress.ip_address(n.ip) in node_net
+        assert ipaddress.ip_network(n.pod_cidr).subnet_of(ipaddress.ip_network(POD_RANGE))
+    assert not ipaddress.ip_network(POD_RANGE).overlaps(ipaddress.ip_network(SERVICE_CIDR))
+    assert not ipaddress.ip_network(POD_RANGE).overlaps(node_net)
+
+
+@pytest.mark.parametrize("count", [0, MAX_NODES + 1])
+def test_a_tier_of_no_node_or_too_many_is_refused(count):
+    with pytest.raises(ValueError, match=f"1 to {MAX_NODES}"):
+        node_specs(count)

@@ -1,0 +1,175 @@
+"""A node lost under load, on the node tier's three nodes (docs/design.md#node-loss): the
+operator's node-loss path against a real kubelet that stops, a real node controller that marks
+it NotReady, a local volume pinned to the lost node, and the lost pod's container running on,
+cut off, until its node comes back."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from eopipe.core.names import LABEL_COMPONENT, LABEL_PIPELINE
+from localenv import REPO_ROOT
+from localenv.node import NODE_NAME, running_nodes
+from tests.helpers.nodepipes import (
+    delete_spark_pipeline,
+    delete_topics,
+    driver_says,
+    helm_bin,
+    install_operator,
+    settled,
+    start_load,
+    verify_both_stages,
+)
+from tests.helpers.nodetier import NODE_TESTS, eopipe, helm, kubectl, kubectl_json, log, node_cmd, wait
+from tests.helpers.nodetier import BOOTSTRAP
+
+pytestmark = NODE_TESTS
+
+THRESHOLD_SECONDS = 10  # the operator's nodeLoss.thresholdSeconds here (its default is 60)
+
+
+def _dedup_pods(ns: str, name: str) -> dict[str, dict]:
+    items = kubectl_json("-n", ns, "get", "pods", "-l", f"{LABEL_PIPELINE}={name},{LABEL_COMPONENT}=dedup")["items"]
+    return {p["metadata"]["name"]: p for p in items}
+
+
+def _node_ready(node: str) -> str:
+    return kubectl("get", "node", node, "-o", 'jsonpath={.status.conditions[?(@.type=="Ready")].status}')
+
+
+def _tasks(node: str) -> set[str]:
+    """The ids of the containers running on the node, by runc's own state (no containerd needed:
+    a lost node's containerd is dead, its containers are not)."""
+    run_dir = next(n.run_dir for n in running_nodes() if n.name == node)
+    out = subprocess.run(["runc", "--root", str(run_dir / "runc" / "k8s.io"), "list", "--format", "json"],
+                         check=False, capture_output=True, text=True).stdout
+    return {c["id"] for c in json.loads(out or "null") or [] if c["status"] == "running"}
+
+
+@pytest.fixture
+def operator(node_tier):
+    """The operator by Helm, kept on node 0 (a lost operator node is another test), its node-loss
+    threshold short; uninstalled after, passed or not (the pipeline deleted first: its finalizer
+    is the operator's): the next module installs its own."""
+    if len(running_nodes()) < 3:
+        pytest.skip(f"the node tier runs {len(running_nodes())} node(s) (EOPIPE_NODES): losing one needs three")
+    install_operator(node_tier, "--set", f"nodeLoss.thresholdSeconds={THRESHOLD_SECONDS}",
+                     "--set", f"nodeSelector.kubernetes\\.io/hostname={NODE_NAME}")
+    yield
+    if kubectl("-n", "default", "get", "exactlyoncepipeline", "payments", "-o", "name", check=False).strip():
+        delete_spark_pipeline("default", "payments", check=False)
+    helm(helm_bin(), "uninstall", "eopipe", "-n", "eopipe-system", "--wait", "--timeout", "120s")
+
+
+@pytest.fixture
+def lost_nodes():
+    """Names of nodes a test lost: brought back after it, passed or not."""
+    lost: list[str] = []
+    yield lost
+    for node in lost:
+        if _node_ready(node) != "True":
+            log(f"bringing {node} back: {node_cmd('node-start', node).stdout.strip()}")
+
+
+def _off_node_0() -> dict:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [NODE_NAME]}]}]}}}
+
+
+def _on_node_0() -> dict:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}]}]}}}
+
+
+def _ready(pod: dict) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+
+
+@pytest.mark.timeout(1500)
+def test_a_lost_node_loses_and_duplicates_nothing(node_tier, operator, lost_nodes):
+    """examples/payments.yaml (both stages) on three nodes: its Spark pods and the operator on
+    node 0 (the control plane's), its two dedup pods off it (spec.dedup.podTemplate.affinity), on
+    two nodes when the scheduler's preference for spreading them holds. Under duplicated load,
+    the node of payments-dedup-0 is lost: its kubelet, containerd and kube-proxy killed and its
+    link cut, its pods' containers left running cut off (zombies). The node controller marks it
+    NotReady; the operator force-deletes each pod there and its claim pinned there (NodeLost);
+    the StatefulSet makes both again on a live node, which rebuilds the partitions from Kafka
+    and fences the zombie. The node then comes back with load still running: its kubelet kills
+    the zombies, which changes nothing. `eopipe verify` of both stages: nothing lost, nothing twice."""
+    ns, name, src, sink = "default", "payments", "payments", "payments-enriched"
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "payments.yaml").read_text())
+    doc["spec"]["processing"]["affinity"] = _on_node_0()
+    doc["spec"]["dedup"]["podTemplate"] = {"affinity": _off_node_0()}
+    kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
+    t = time.monotonic()
+    wait(lambda: settled(ns, name) and driver_says(ns, f"{name}-spark", "streaming query running"), 400,
+         "the pipeline Ready, its streaming query running")
+    log(f"{name} Ready, its query running in {time.monotonic() - t:.0f}s\n"
+        f"{kubectl('get', 'pods', '-A', '-o', 'wide')}")
+    pods = _dedup_pods(ns, name)
+    on = {p: pod["spec"]["nodeName"] for p, pod in pods.items()}
+    log(f"dedup pods on {len(set(on.values()))} nodes: {on}")
+    victim = on[f"{name}-dedup-0"]
+    lost = sorted(p for p, n in on.items() if n == victim)
+    old_uids = {p: pods[p]["metadata"]["uid"] for p in lost}
+    zombies = {pods[p]["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://") for p in lost}
+    old_claims = {p: kubectl_json("-n", ns, "get", "pvc", f"state-{p}")["metadata"]["uid"] for p in lost}
+
+    poison = eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", src, "--count", "0", "--poison", "10",
+                    "--seed", "41", "--quiet", "--json")
+    assert poison.returncode == 0, poison.stderr
+    load = start_load(src, "1000000", "400", "41")
+    try:
+        time.sleep(10)
+        lost_nodes.append(victim)
+        res = node_cmd("node-kill", victim, "--keep-containers")
+        assert res.returncode == 0, res.stdout
+        t_lost = time.monotonic()
+        log(f"{res.stdout.strip()}; {', '.join(lost)} on it")
+        wait(lambda: _node_ready(victim) != "True", 120, f"{victim} NotReady")
+        log(f"{victim} NotReady {time.monotonic() - t_lost:.0f}s after its loss")
+
+        def replaced() -> bool:
+            now = _dedup_pods(ns, name)
+            return all(p in now and now[p]["metadata"]["uid"] != old_uids[p] and _ready(now[p])
+                       and now[p]["spec"]["nodeName"] != victim for p in lost)
+        wait(replaced, 300, f"{', '.join(lost)} made again on a live node and Ready")
+        log(f"{', '.join(lost)} Ready again {time.monotonic() - t_lost:.0f}s after the loss")
+        wait(lambda: settled(ns, name), 300, "the pipeline Ready after the loss")
+        log(f"{name} Ready {time.monotonic() - t_lost:.0f}s after the loss")
+        for p in lost:
+            assert kubectl_json("-n", ns, "get", "pvc", f"state-{p}")["metadata"]["uid"] != old_claims[p], p
+        st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)["status"]
+        assert victim in st["lastNodeLoss"]["nodes"] and set(lost) <= set(st["lastNodeLoss"]["pods"]), st
+        events = kubectl("-n", ns, "get", "events", "--field-selector", f"reason=NodeLost,involvedObject.name={name}",
+                         "-o", "jsonpath={range .items[*]}{.message}{'\\n'}{end}")
+        log(f"NodeLost events:\n{events}")
+        assert all(p in events and f"state-{p}" in events for p in lost), events
+        after = {p: pod["metadata"]["uid"] for p, pod in _dedup_pods(ns, name).items()}
+
+        # The node comes back while the load runs: its kubelet finds the zombies' pods gone from
+        # the API and kills them; their writes were fenced all along.
+        assert zombies <= _tasks(victim), "the zombies' containers did not run on"
+        res = node_cmd("node-start", victim)
+        assert res.returncode == 0, res.stdout
+        wait(lambda: _node_ready(victim) == "True", 120, f"{victim} Ready again")
+        wait(lambda: not zombies & _tasks(victim), 120, "the zombies' containers stopped by their kubelet")
+        log(f"{victim} back; its zombies stopped by its kubelet")
+        time.sleep(10)
+    finally:
+        load.terminate()
+        out, err = load.communicate(timeout=300)
+    assert load.returncode == 0, err
+    sent = json.loads(out)
+    log(f"load: {sent}")
+    assert settled(ns, name), "the pipeline not Ready after its node came back"
+    assert {p: pod["metadata"]["uid"] for p, pod in _dedup_pods(ns, name).items()} == after, "a pod changed"
+    rep = verify_both_stages(ns, name, src, sink)["dedup stage"]
+    assert rep["unique_in"] == sent["unique"] and rep["malformed_in"] == rep["dead_lettered"] == 10, rep
+    delete_spark_pipeline(ns, name)
+    delete_topics(ns, name, src, sink)

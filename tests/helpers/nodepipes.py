@@ -1,0 +1,80 @@
+"""Pipelines on the node tier, as the node-tier tests drive them (tests/e2e/test_node_*.py): the
+operator installed by Helm, a pipeline settled, load, `eopipe verify` of both stages, deletion."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from localenv import REPO_ROOT
+from tests.helpers import nodetier
+from tests.helpers.nodetier import BOOTSTRAP, EOPIPE, eopipe, helm, in_tier, kubectl, kubectl_json, log, wait
+
+
+def settled(ns: str, name: str, after: int | None = None) -> dict | None:
+    """The pipeline, once Ready, Running, with no rebalance under way and its generation observed
+    (and a rebalance newer than `after` recorded); else None."""
+    obj = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)
+    st = obj.get("status") or {}
+    ready = next((c for c in st.get("conditions", []) if c["type"] == "Ready"), {})
+    ok = (ready.get("status") == "True" and st.get("phase") == "Running" and not st.get("rebalance")
+          and st.get("observedGeneration") == obj["metadata"]["generation"]
+          and (after is None or (st.get("lastRebalance") or {}).get("id", -1) > after))
+    return obj if ok else None
+
+
+def helm_bin() -> str:
+    return subprocess.run(["bash", str(REPO_ROOT / "hack" / "build-tools.sh"), "helm"], check=True,
+                          capture_output=True, text=True).stdout.split()[-1]
+
+
+def install_operator(images: dict, *extra: str) -> None:
+    """The operator of this tree by `helm install` of charts/eopipe (`extra`: more helm flags)."""
+    (repo, tag), (spark_repo, spark_tag) = images["app"].rsplit(":", 1), images["spark"].rsplit(":", 1)
+    helm(helm_bin(), "install", "eopipe", str(REPO_ROOT / "charts" / "eopipe"), "-n", "eopipe-system",
+         "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+         "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
+         *extra, "--wait", "--timeout", "180s")
+
+
+def start_load(topic: str, count: str, rate: str, seed: str) -> subprocess.Popen:
+    """`eopipe load` with 30% duplicates, in the background (SIGTERM: it stops, flushes, reports)."""
+    return subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", topic, "--count", count,
+                                    "--rate", rate, "--dup-ratio", "0.3", "--seed", seed, "--quiet", "--json"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def driver_says(ns: str, app_name: str, *words: str) -> bool:
+    text = kubectl("-n", ns, "logs", f"{app_name}-driver", check=False)
+    return all(w in text for w in words)
+
+
+def verify_both_stages(ns: str, name: str, source: str, sink: str) -> dict[str, dict]:
+    """`eopipe verify` of the dedup stage and end to end, each with nothing lost and nothing twice;
+    the reports by stage."""
+    common = ["--bootstrap", BOOTSTRAP, "--source", source, "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
+              "--json", "--timeout", "400"]
+    reports = {}
+    for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
+                        ("end to end", ["--output", sink, "--no-order", "--settle", "30"])):
+        res = eopipe("verify", *common, *extra)
+        log(f"eopipe verify, {what}: {res.stdout}{res.stderr}")
+        rep = reports[what] = json.loads(res.stdout)
+        assert res.returncode == 0 and rep["lost"] == 0 and rep["duplicated"] == 0, (what, rep)
+    return reports
+
+
+def delete_spark_pipeline(ns: str, name: str, check: bool = True) -> None:
+    """Deleted with its Spark pods gone: a driver left running holds the node's cores, and the
+    next Spark test's driver would stay Pending."""
+    kubectl("-n", ns, "delete", "exactlyoncepipeline", name, "--timeout=180s", check=check)
+    wait(lambda: not kubectl("-n", ns, "get", "pods", "-l", "spark-role", "-o", "name"), 120, "the Spark pods gone")
+
+
+def delete_topics(ns: str, name: str, src: str, sink: str) -> None:
+    """A Spark test pipeline's topics, so the next test starts on none of its records."""
+    nodetier.python("from confluent_kafka.admin import AdminClient\n"
+                    f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
+                    f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq') "
+                    "if t in a.list_topics(timeout=10).topics]\n"
+                    "[f.result(30) for f in a.delete_topics(left).values()] if left else None")
