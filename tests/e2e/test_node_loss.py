@@ -54,8 +54,9 @@ def _tasks(node: str) -> set[str]:
 @pytest.fixture
 def operator(node_tier):
     """The operator by Helm, kept on node 0 (a lost operator node is another test), its node-loss
-    threshold short; uninstalled after, passed or not (the pipeline deleted first: its finalizer
-    is the operator's): the next module installs its own."""
+    threshold short; after, passed or not, the cluster as this test found it (the pipeline deleted
+    first: its finalizer is the operator's; then the release, its namespace and the CRD): the next
+    module's first test follows docs/install.md on a fresh cluster."""
     if len(running_nodes()) < 3:
         pytest.skip(f"the node tier runs {len(running_nodes())} node(s) (EOPIPE_NODES): losing one needs three")
     install_operator(node_tier, "--set", f"nodeLoss.thresholdSeconds={THRESHOLD_SECONDS}",
@@ -64,6 +65,8 @@ def operator(node_tier):
     if kubectl("-n", "default", "get", "exactlyoncepipeline", "payments", "-o", "name", check=False).strip():
         delete_spark_pipeline("default", "payments", check=False)
     helm(helm_bin(), "uninstall", "eopipe", "-n", "eopipe-system", "--wait", "--timeout", "120s")
+    kubectl("delete", "namespace", "eopipe-system", "--timeout=120s")
+    kubectl("delete", "crd", "exactlyoncepipelines.eopipe.dev", "--timeout=60s")
 
 
 @pytest.fixture
