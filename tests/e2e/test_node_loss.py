@@ -31,6 +31,9 @@ from tests.helpers.nodetier import BOOTSTRAP
 pytestmark = NODE_TESTS
 
 THRESHOLD_SECONDS = 10  # the operator's nodeLoss.thresholdSeconds here (its default is 60)
+# A namespace of its own: a pipeline's topics outlive it (deletionPolicy Retain), and another
+# test's pipeline of the same name and namespace would find this one's Spark commit markers.
+NS, NAME = "node-loss", "payments"
 
 
 def _dedup_pods(ns: str, name: str) -> dict[str, dict]:
@@ -62,8 +65,9 @@ def operator(node_tier):
     install_operator(node_tier, "--set", f"nodeLoss.thresholdSeconds={THRESHOLD_SECONDS}",
                      "--set", f"nodeSelector.kubernetes\\.io/hostname={NODE_NAME}")
     yield
-    if kubectl("-n", "default", "get", "exactlyoncepipeline", "payments", "-o", "name", check=False).strip():
-        delete_spark_pipeline("default", "payments", check=False)
+    if kubectl("-n", NS, "get", "exactlyoncepipeline", NAME, "-o", "name", check=False).strip():
+        delete_spark_pipeline(NS, NAME, check=False)
+    kubectl("delete", "namespace", NS, "--ignore-not-found", "--timeout=120s")
     helm(helm_bin(), "uninstall", "eopipe", "-n", "eopipe-system", "--wait", "--timeout", "120s")
     kubectl("delete", "namespace", "eopipe-system", "--timeout=120s")
     kubectl("delete", "crd", "exactlyoncepipelines.eopipe.dev", "--timeout=60s")
@@ -104,7 +108,8 @@ def test_a_lost_node_loses_and_duplicates_nothing(node_tier, operator, lost_node
     the StatefulSet makes both again on a live node, which rebuilds the partitions from Kafka
     and fences the zombie. The node then comes back with load still running: its kubelet kills
     the zombies, which changes nothing. `eopipe verify` of both stages: nothing lost, nothing twice."""
-    ns, name, src, sink = "default", "payments", "payments", "payments-enriched"
+    ns, name, src, sink = NS, NAME, "payments", "payments-enriched"
+    kubectl("create", "namespace", ns)
     doc = yaml.safe_load((REPO_ROOT / "examples" / "payments.yaml").read_text())
     doc["spec"]["processing"]["affinity"] = _on_node_0()
     doc["spec"]["dedup"]["podTemplate"] = {"affinity": _off_node_0()}

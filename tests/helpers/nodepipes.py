@@ -72,9 +72,11 @@ def delete_spark_pipeline(ns: str, name: str, check: bool = True) -> None:
 
 
 def delete_topics(ns: str, name: str, src: str, sink: str) -> None:
-    """A Spark test pipeline's topics, so the next test starts on none of its records."""
+    """A Spark test pipeline's topics, its Spark commit markers' included, so the next test starts
+    on none of its records."""
+    commits = f"eopipe.{ns}.{name}.spark-commits"
     nodetier.python("from confluent_kafka.admin import AdminClient\n"
                     f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
-                    f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq') "
+                    f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq', {commits!r}) "
                     "if t in a.list_topics(timeout=10).topics]\n"
                     "[f.result(30) for f in a.delete_topics(left).values()] if left else None")
