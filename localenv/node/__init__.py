@@ -1,10 +1,10 @@
 """The node tier: a Kubernetes cluster of one node or several whose pods are run by a real kubelet and
 containerd from images built with no registry (docs/design.md#the-local-environment).
 
-Containment, as kind's node container gives it: everything runs inside the network namespace
-NETNS that the harness creates. The node IP, the pod CIDR and the service CIDR exist only there
-(on two bridges: NODE_LINK, which has no ports and serves as the host-only interface, and
-CNI_BRIDGE, the pods' gateway); kube-proxy's and the CNI plugins' iptables rules live in that
+Containment, as kind's node container gives it: everything of node 0 runs inside the network
+namespace NETNS that the harness creates. The node IP, the pod CIDR and the service CIDR exist
+only there (on NODE_LINK, one end of a veth to the nodes' switch, and CNI_BRIDGE, the pods'
+gateway); kube-proxy's and the CNI plugins' iptables rules live in that
 namespace's tables; no default route leads out. Files live under STATE_DIR and RUN_DIR, pod
 cgroups under one cgroup root; `down` removes all of it (localenv/node/host.py checks).
 
@@ -19,8 +19,9 @@ runs but installs nothing, and `up` says NetworkPolicy is NOT enforced, and why
 Several nodes (`up --nodes N`, `make cluster NODES=N`): node 0 above also runs the control
 plane and the broker; each further node i is a namespace of its own, `eopipe-node-i`, with its
 own containerd, kubelet and kube-proxy, files under STATE_DIR/nodes/<name> and RUN_DIR/nodes/<name>,
-its own cgroup root, and a veth to NODE_LINK in node 0's namespace (so NODE_LINK is the nodes'
-one L2 network). Each node's pods have a /24 of POD_RANGE, routed through that node's IP.
+its own cgroup root, and its own NODE_LINK, a veth to a bridge in a namespace of its own
+(localenv/node/host.py, the nodes' one L2 network). Each node's pods have a /24 of POD_RANGE,
+routed through that node's IP.
 
     python -m localenv.node up      # make cluster
     python -m localenv.node down    # make cluster-down
@@ -35,7 +36,7 @@ from pathlib import Path
 
 NETNS = "eopipe-node"
 NODE_NAME = "eopipe-node"
-NODE_LINK = "eopnode0"       # a bridge with no ports: holds the node IP
+NODE_LINK = "eopnode0"       # each node's end of its veth to the nodes' switch: holds the node IP
 CNI_BRIDGE = "eopcni0"       # the pods' bridge, made by the CNI bridge plugin
 NODE_IP = "10.211.0.2"
 NODE_PREFIX = 24
@@ -52,6 +53,8 @@ CNI_BIN_DIR = Path("/usr/lib/cni")         # Debian's containernetworking-plugin
 CONTAINERD_SOCK = RUN_DIR / "containerd" / "containerd.sock"
 # Whether NetworkPolicy is enforced on the node ({"enforced", "agent", "reason"}), written by serve.
 NETPOL_STATUS = RUN_DIR / "networkpolicy.json"
+# Where the tier keeps what a test must not lose with a node: the control plane's add-ons.
+ON_NODE_0 = {"kubernetes.io/hostname": NODE_NAME}
 # How many nodes `up` started (written by `up`; one when absent).
 NODES_FILE = RUN_DIR / "nodes.json"
 
@@ -79,6 +82,11 @@ class NodeSpec:
     @property
     def containerd_sock(self) -> Path:
         return self.run_dir / "containerd" / "containerd.sock"
+
+    @property
+    def local_path_dir(self) -> Path:
+        """Where its local volumes are: a directory of its own, as a disk of its own."""
+        return self.state_dir / "local-path"
 
 
 def node_specs(count: int) -> list[NodeSpec]:

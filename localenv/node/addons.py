@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import json
 
-from localenv.node import NODE_NAME
+from localenv.node import ON_NODE_0, STATE_DIR, NodeSpec
 
 DNS_IP = "10.0.0.10"
 DNS_PORT = 5353          # CoreDNS listens unprivileged; the Service maps 53 to it
-LOCAL_PATH_DIR = "/var/lib/eopipe-node/local-path"
+LOCAL_PATH_DIR = str(STATE_DIR / "local-path")  # node 0's (NodeSpec.local_path_dir)
 SHARED_DIR = "/var/lib/eopipe-node/shared"
 STORAGE_CLASS, SHARED_STORAGE_CLASS = "standard", "shared"
 KAFKA_NAMESPACE, KAFKA_SERVICE, KAFKA_PORT = "kafka", "kafka", 9092
@@ -112,12 +112,7 @@ def coredns(image: str) -> list[dict]:
     ]
 
 
-def local_path_dir(node: str) -> str:
-    """Where a node keeps its local volumes: a directory of its own (a disk of its own)."""
-    return LOCAL_PATH_DIR if node == NODE_NAME else f"/var/lib/eopipe-node/nodes/{node}/local-path"
-
-
-def local_path(image: str, helper_image: str, other_nodes: list[str] = ()) -> list[dict]:
+def local_path(image: str, helper_image: str, other_nodes: list[NodeSpec] = ()) -> list[dict]:
     ns, sa = "local-path-storage", "local-path-provisioner"
     rules = [{"apiGroups": [""], "resources": ["nodes", "persistentvolumeclaims", "configmaps", "pods", "pods/log"],
               "verbs": ["get", "list", "watch"]},
@@ -135,7 +130,7 @@ def local_path(image: str, helper_image: str, other_nodes: list[str] = ()) -> li
                                        "imagePullPolicy": "IfNotPresent"}]}}
     config = {"storageClassConfigs": {
         STORAGE_CLASS: {"nodePathMap": [{"node": "DEFAULT_PATH_FOR_NON_LISTED_NODES", "paths": [LOCAL_PATH_DIR]},
-                                        *({"node": n, "paths": [local_path_dir(n)]} for n in other_nodes)]},
+                                        *({"node": n.name, "paths": [str(n.local_path_dir)]} for n in other_nodes)]},
         SHARED_STORAGE_CLASS: {"sharedFileSystemPath": SHARED_DIR}}}
     container = {"name": "local-path-provisioner", "image": image,
                  "args": ["--debug", "start", "--config", "/etc/config/config.json",
@@ -157,7 +152,7 @@ def local_path(image: str, helper_image: str, other_nodes: list[str] = ()) -> li
         # On node 0, the control plane's (kind runs it there too): one replica, no leader election.
         _deployment("local-path-provisioner", ns, sa, container,
                     [{"name": "config", "configMap": {"name": "local-path-config"}}],
-                    placement={"nodeSelector": {"kubernetes.io/hostname": NODE_NAME}}),
+                    placement={"nodeSelector": ON_NODE_0}),
         {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
          "metadata": {"name": STORAGE_CLASS,
                       "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
@@ -222,7 +217,7 @@ def kafka_service(broker_ip: str) -> list[dict]:
     ]
 
 
-def manifests(images: dict[str, str], broker_ip: str, other_nodes: list[str] = ()) -> list[dict]:
+def manifests(images: dict[str, str], broker_ip: str, other_nodes: list[NodeSpec] = ()) -> list[dict]:
     return [*coredns(images["coredns"]),
             *local_path(images["local-path-provisioner"], images["base"], other_nodes),
             # Always built (images.ADDONS); `serve` waits for its DaemonSet, so a tier never runs

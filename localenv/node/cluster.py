@@ -105,7 +105,6 @@ class Node(Processes):
         self.kafka: KafkaBroker | None = None
         self.cp = NodeControlPlane(CP_DIR)
         self.kube_bin = self.cp.binaries["kube-apiserver"].parent
-        self.own: NodeProcesses | None = None
 
     def kubectl(self, *args: str) -> subprocess.CompletedProcess:
         return self.cp.kubectl_run(*args, check=False)
@@ -116,14 +115,15 @@ class Node(Processes):
         self.timings["control plane"] = time.monotonic() - t0
         first = node_specs(1)[0]
         kubelet.identities(self.cp.pki, first, self.cp.server)
-        for spec in self.others:  # their images import while this node's do
-            kubelet.identities(self.cp.pki, spec, kubelet.api_server_for_nodes())
+        for spec in self.others:  # their images import while this node's do; they reach the
+            # apiserver at node 0's address
+            kubelet.identities(self.cp.pki, spec, f"https://{NODE_IP}:{self.cp.port}")
             kubelet.launch(spec, self.images_file, self.archives, self.kube_bin)
-        self.own = NodeProcesses(first, self.kube_bin, self.cp.pki, self.images)
-        self.own.procs = self.procs  # one list: a start that fails names whichever process exited
-        self.own.start_runtime(self.archives)
-        self.own.start_kubelet()
-        self.timings.update(self.own.timings)
+        own = NodeProcesses(first, self.kube_bin, self.cp.pki, self.images)
+        own.procs = self.procs  # one list: a start that fails names whichever process exited
+        own.start_runtime(self.archives)
+        own.start_kubelet()
+        self.timings.update(own.timings)
 
         t = time.monotonic()
         for spec in self.others:
@@ -138,7 +138,7 @@ class Node(Processes):
         self.kafka = KafkaBroker(STATE_DIR / "kafka", client_port=addons.KAFKA_PORT, client_host=NODE_IP,
                                  client_advertised=f"{NODE_IP}:{addons.KAFKA_PORT}")
         self.kafka.launch()
-        self._apply(addons.manifests(self.images, NODE_IP, [n.name for n in self.others]))
+        self._apply(addons.manifests(self.images, NODE_IP, self.others))
         self._start_spark_operator()
         for ns, name in addons.DEPLOYMENTS:
             self.wait(f"deployment {ns}/{name} available", lambda: self._available(ns, name), 120)

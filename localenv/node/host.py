@@ -253,17 +253,9 @@ def kill_node(spec: NodeSpec, containers: bool = True) -> int:
         return _kill_all(lambda: tier_pids(spec))
 
     def agents() -> list[int]:
-        ino = spec.netns_path.stat().st_ino
-        pods = set(_cgroup_pids(node_cgroup_root(spec.cgroup).strip("/")))
-        out = []
-        for d in Path("/proc").iterdir():
-            try:
-                if (d.name.isdigit() and int(d.name) not in pods and os.stat(d / "ns" / "net").st_ino == ino
-                        and not _cmdline(int(d.name)).startswith(("containerd-shim", "/usr/bin/containerd-shim"))):
-                    out.append(int(d.name))
-            except OSError:
-                continue
-        return out
+        pods = _cgroup_pids(node_cgroup_root(spec.cgroup).strip("/"))
+        return [p for p in tier_pids(spec) if p not in pods
+                and not _cmdline(p).startswith(("containerd-shim", "/usr/bin/containerd-shim"))]
     return _kill_all(agents)
 
 
@@ -379,8 +371,7 @@ def sweep() -> None:
         run("ip", "netns", "delete", n, check=False)
     for mp in tier_mounts():  # /run/netns, now empty
         run("umount", "-l", mp, check=False)
-    for h, root in [(h, root) for root in _cgroup_roots() for h in _hierarchies()]:
-        top = h / root
+    for top in (h / root for root in _cgroup_roots() for h in _hierarchies()):
         if top.exists():
             for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
                             reverse=True) + [top]:

@@ -13,12 +13,11 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from localenv import REPO_ROOT
 from localenv.controlplane import ControlPlaneError
 from localenv.daemon import LoggedProcess
-from localenv.node import CLUSTER_DOMAIN, CNI_BIN_DIR, CNI_BRIDGE, NODE_IP, POD_RANGE, STATE_DIR, NodeSpec, addons
+from localenv.node import CLUSTER_DOMAIN, CNI_BIN_DIR, CNI_BRIDGE, POD_RANGE, STATE_DIR, NodeSpec, addons
 from localenv.node import config as cfg
 from localenv.node.host import node_cgroup_root
 from localenv.node.images import import_images
@@ -144,12 +143,6 @@ def proxy_healthy() -> bool:
             return r.status == 200
     except OSError:
         return False
-
-
-def api_server_for_nodes() -> str:
-    """The apiserver as another node reaches it: node 0's address, the port it listens on."""
-    server = json.loads((CP_DIR / "admin.kubeconfig").read_text())["clusters"][0]["cluster"]["server"]
-    return f"https://{NODE_IP}:{urlsplit(server).port}"
 
 
 def launch(spec: NodeSpec, images: Path, archives: list[Path], kube_bin: Path) -> int:

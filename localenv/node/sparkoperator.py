@@ -27,7 +27,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from localenv.node import NODE_NAME
+from localenv.node import ON_NODE_0
 
 VERSION = os.environ.get("SPARK_OPERATOR_VERSION", "v2.5.2")
 MODULE = "github.com/kubeflow/spark-operator/v2"
@@ -52,9 +52,6 @@ def module_dir(version: str = VERSION) -> Path:
 
 def chart_dir(version: str = VERSION) -> Path:
     return module_dir(version) / "charts" / "spark-operator-chart"
-
-
-ON_NODE_0 = {"kubernetes.io/hostname": NODE_NAME}
 
 
 def values(image: str, webhook: bool = True) -> dict:

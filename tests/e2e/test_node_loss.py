@@ -25,8 +25,7 @@ from tests.helpers.nodepipes import (
     start_load,
     verify_both_stages,
 )
-from tests.helpers.nodetier import NODE_TESTS, eopipe, helm, kubectl, kubectl_json, log, node_cmd, wait
-from tests.helpers.nodetier import BOOTSTRAP
+from tests.helpers.nodetier import BOOTSTRAP, NODE_TESTS, eopipe, helm, kubectl, kubectl_json, log, node_cmd, wait
 
 pytestmark = NODE_TESTS
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+from eopipe.core import names
 from localenv import REPO_ROOT
 from tests.helpers import nodetier
 from tests.helpers.nodetier import BOOTSTRAP, EOPIPE, eopipe, helm, in_tier, kubectl, kubectl_json, log, wait
@@ -74,9 +75,9 @@ def delete_spark_pipeline(ns: str, name: str, check: bool = True) -> None:
 def delete_topics(ns: str, name: str, src: str, sink: str) -> None:
     """A Spark test pipeline's topics, its Spark commit markers' included, so the next test starts
     on none of its records."""
-    commits = f"eopipe.{ns}.{name}.spark-commits"
+    made = (names.deduped_topic(ns, name), names.dlq_topic(ns, name), names.spark_commit_topic(ns, name))
     nodetier.python("from confluent_kafka.admin import AdminClient\n"
                     f"a = AdminClient({{'bootstrap.servers': '{BOOTSTRAP}'}})\n"
-                    f"left = [t for t in ({src!r}, {sink!r}, '{ns}.{name}.deduped', '{ns}.{name}.dlq', {commits!r}) "
+                    f"left = [t for t in {(src, sink, *made)!r} "
                     "if t in a.list_topics(timeout=10).topics]\n"
                     "[f.result(30) for f in a.delete_topics(left).values()] if left else None")

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from localenv.node import SERVICE_CIDR, addons
+from localenv.node import SERVICE_CIDR, addons, node_specs
 
 IMAGES = {"coredns": "localhost/eopipe-coredns:1", "local-path-provisioner": "localhost/eopipe-lpp:1",
           "base": "localhost/eopipe-base:1"}
@@ -41,14 +41,14 @@ def test_default_storage_class_is_the_provisioners():
 def test_each_node_keeps_its_local_volumes_on_its_own_disk():
     """Several nodes on one host: each node's volumes in a directory of its own, so a claim's
     data is where its node is, as with a disk per node."""
-    objs = addons.local_path(IMAGES["local-path-provisioner"], IMAGES["base"], ["eopipe-node-1", "eopipe-node-2"])
+    objs = addons.local_path(IMAGES["local-path-provisioner"], IMAGES["base"], node_specs(3)[1:])
     cm = next(o for o in objs if o["kind"] == "ConfigMap")
     paths = {m["node"]: m["paths"] for m in
              json.loads(cm["data"]["config.json"])["storageClassConfigs"][addons.STORAGE_CLASS]["nodePathMap"]}
     assert paths == {"DEFAULT_PATH_FOR_NON_LISTED_NODES": [addons.LOCAL_PATH_DIR],
                      "eopipe-node-1": ["/var/lib/eopipe-node/nodes/eopipe-node-1/local-path"],
                      "eopipe-node-2": ["/var/lib/eopipe-node/nodes/eopipe-node-2/local-path"]}
-    assert addons.local_path_dir("eopipe-node") == addons.LOCAL_PATH_DIR
+    assert str(node_specs(1)[0].local_path_dir) == addons.LOCAL_PATH_DIR
 
 
 def test_shared_class_is_the_provisioners_shared_filesystem_mode_and_not_the_default():

@@ -62,6 +62,11 @@ def deduped_topic(namespace: str, pipeline: str) -> str:
     return f"{namespace}.{pipeline}.deduped"
 
 
+def spark_commit_topic(namespace: str, pipeline: str) -> str:
+    """Where the Spark stage's sink keeps its commit markers (spark_app/sink_kafka.py)."""
+    return f"eopipe.{namespace}.{pipeline}.spark-commits"
+
+
 def dlq_topic(namespace: str, pipeline: str) -> str:
     """The default dead-letter topic (spec.topics.deadLetter overrides it); also the dedup
     worker's when it is run without --dlq-topic."""
@@ -93,7 +98,7 @@ class Names:
 
     @property
     def spark_commit_topic(self) -> str:
-        return f"eopipe.{self.namespace}.{self.pipeline}.spark-commits"
+        return spark_commit_topic(self.namespace, self.pipeline)
 
     @property
     def written_topics(self) -> dict[str, str]:
