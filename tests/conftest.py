@@ -45,6 +45,7 @@ def pytest_collection_modifyitems(items):
 # CI log carries what README's test-time table reports.
 _TIER_SECONDS: dict[str, float] = defaultdict(float)
 _TIER_TESTS: dict[str, set] = defaultdict(set)
+_FILE_SECONDS: dict[str, float] = defaultdict(float)
 _TESTS_DIR = Path(__file__).resolve().parent
 
 
@@ -53,6 +54,7 @@ def pytest_runtest_logreport(report):
     tier = parts[0] if len(parts) > 1 else "other"
     _TIER_SECONDS[tier] += report.duration
     _TIER_TESTS[tier].add(report.nodeid)
+    _FILE_SECONDS[report.nodeid.split("::")[0]] += report.duration
 
 
 _STARTED = time.monotonic()
@@ -66,3 +68,6 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             f"{tier:<12} {len(_TIER_TESTS[tier]):>5} tests {_TIER_SECONDS[tier]:>8.0f} s")
     terminalreporter.write_line(f"{'session':<12} {'':>11} {time.monotonic() - _STARTED:>8.0f} s")
+    terminalreporter.section("time per file, the 20 slowest")
+    for f in sorted(_FILE_SECONDS, key=_FILE_SECONDS.get, reverse=True)[:20]:
+        terminalreporter.write_line(f"{_FILE_SECONDS[f]:>8.0f} s  {f}")

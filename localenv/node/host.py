@@ -236,12 +236,18 @@ def _cgroup_pids(root: str) -> set[int]:
     """The processes in a cgroup root and below it, in any hierarchy (the pods' containers)."""
     pids: set[int] = set()
     for h in _hierarchies():
-        for procs in (h / root).rglob("cgroup.procs") if (h / root).exists() else ():
+        for d in _cgroup_dirs(h / root):
             try:
-                pids.update(int(p) for p in procs.read_text().split())
+                pids.update(int(p) for p in (d / "cgroup.procs").read_text().split())
             except OSError:
                 pass
     return pids
+
+
+def _cgroup_dirs(top: Path) -> list[Path]:
+    """top and the cgroups below it, deepest first. os.walk, not rglob: a pod's cgroup that the
+    kubelet removes mid-walk is skipped, not a FileNotFoundError."""
+    return [Path(d) for d, _, _ in os.walk(top, topdown=False)]
 
 
 def kill_node(spec: NodeSpec, containers: bool = True) -> int:
@@ -372,13 +378,11 @@ def sweep() -> None:
     for mp in tier_mounts():  # /run/netns, now empty
         run("umount", "-l", mp, check=False)
     for top in (h / root for root in _cgroup_roots() for h in _hierarchies()):
-        if top.exists():
-            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
-                            reverse=True) + [top]:
-                try:
-                    d.rmdir()
-                except OSError:
-                    pass
+        for d in _cgroup_dirs(top):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
     for d in (RUN_DIR, STATE_DIR):
         shutil.rmtree(d, ignore_errors=True)
     for link in _log_links():
