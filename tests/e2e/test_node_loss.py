@@ -99,8 +99,8 @@ def _ready(pod: dict) -> bool:
 @pytest.mark.timeout(1500)
 def test_a_lost_node_loses_and_duplicates_nothing(node_tier, operator, lost_nodes):
     """examples/payments.yaml (both stages) on three nodes: its Spark pods and the operator on
-    node 0 (the control plane's), its two dedup pods off it (spec.dedup.podTemplate.affinity), on
-    two nodes when the scheduler's preference for spreading them holds. Under duplicated load,
+    node 0 (the control plane's), its two dedup pods off it (spec.dedup.podTemplate.affinity), one
+    on each other node (the operator's preferred anti-affinity). Under duplicated load,
     the node of payments-dedup-0 is lost: its kubelet, containerd and kube-proxy killed and its
     link cut, its pods' containers left running cut off (zombies). The node controller marks it
     NotReady; the operator force-deletes each pod there and its claim pinned there (NodeLost);
@@ -121,6 +121,9 @@ def test_a_lost_node_loses_and_duplicates_nothing(node_tier, operator, lost_node
     pods = _dedup_pods(ns, name)
     on = {p: pod["spec"]["nodeName"] for p, pod in pods.items()}
     log(f"dedup pods on {len(set(on.values()))} nodes: {on}")
+    # Spread by the preferred anti-affinity: nothing else writes a new claim while the scheduler
+    # binds it (control/teardown.py), so no retry lands both on one node.
+    assert len(set(on.values())) == 2, on
     victim = on[f"{name}-dedup-0"]
     lost = sorted(p for p, n in on.items() if n == victim)
     old_uids = {p: pods[p]["metadata"]["uid"] for p in lost}

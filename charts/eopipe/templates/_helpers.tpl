@@ -115,10 +115,11 @@ creates, which the API server authorizes as both patch and create.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, delete]
-# Node loss: a dedup pod's claim pinned to a lost node is deleted (by uid) for a new one.
+# Node loss: a dedup pod's claim pinned to a lost node is deleted (by uid) for a new one; a
+# deleted pipeline's dedup state claims, listed by label, deleted by uid (control/teardown.py).
 - apiGroups: [""]
   resources: [persistentvolumeclaims]
-  verbs: [delete]
+  verbs: [list, delete]
 # Kafka credentials named by spec.kafka.sasl / spec.kafka.tls Secret references (read); the
 # pipeline's state-endpoint token Secret (control/tokens.py: created once, then read). RBAC
 # cannot name the object of a create: `create` is for that Secret, which nothing else can make

@@ -11,7 +11,7 @@ from confluent_kafka import KafkaException
 from kubernetes import client
 from prometheus_client import Counter, Gauge, Histogram
 
-from eopipe.control import sparkcrd, sparkwatch, stage_progress
+from eopipe.control import sparkcrd, sparkwatch, stage_progress, teardown
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.reconcile import Reconciler
 from eopipe.control.settings import Settings
@@ -108,8 +108,8 @@ def _reconcile(rec: Reconciler, body, logger) -> None:
         # the lock, work from the object as it is now (the spec and the rebalance recorded by a
         # pass that just finished), never from a stale copy.
         body = _fresh(rec, body)
-        if body is None:
-            return
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            return  # deleted, or being deleted: on_delete has scaled the dedup pods to zero
         try:
             outcome = rec.reconcile(body)
         except Exception:
@@ -237,7 +237,21 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
         the operator created nothing is deleted.
 
         Kafka being unreachable must not wedge the namespace: after config.delete_attempts tries
-        the finalizer lets go and a Warning event names the topics left behind."""
+        the finalizer lets go and a Warning event names the topics left behind.
+
+        First, whatever the policy, the dedup StatefulSet and its state claims (control/teardown.py)."""
+        meta, rec = body["metadata"], reconciler()
+        try:
+            with rec.lock(meta["namespace"], meta["name"]):  # after a pass under way, none after it
+                claims = teardown.delete_dedup_state(rec.api, meta["namespace"], meta["name"], meta["uid"])
+        except client.ApiException as e:
+            if retry + 1 < config.delete_attempts:
+                raise kopf.TemporaryError(f"deleting the dedup state claims: {e.status} {e.reason}", delay=5)
+            kopf.warn(body, reason="ClaimsRetained", message=f"gave up deleting the dedup state claims after "
+                                                             f"{config.delete_attempts} attempts ({e.status} {e.reason})")
+        else:
+            if claims:
+                kopf.info(body, reason="ClaimsDeleted", message=", ".join(claims))
         spec_body = body.get("spec") or {}
         if spec_body.get("deletionPolicy", "Retain") != "Delete":
             return
@@ -249,7 +263,6 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
             return
         wanted: list[str] = []
         try:
-            rec = reconciler()
             # A pass may be creating a topic right now: wait for it, then read what it recorded.
             with rec.lock(names.namespace, names.pipeline):
                 owned = ((_fresh(rec, body) or body).get("status") or {}).get("ownedTopics")

@@ -36,6 +36,16 @@ class ApplyError(Exception):
         super().__init__(f"{self.kind} {self.name}: {why}")
 
 
+def delete_by_uid(delete) -> None:
+    """A delete whose uid precondition names the object observed: already gone (404) or already
+    replaced by one of the same name (409) is done."""
+    try:
+        delete()
+    except client.ApiException as e:
+        if e.status not in (404, 409):
+            raise
+
+
 def owner_reference(owner: dict) -> dict:
     return {"apiVersion": owner["apiVersion"], "kind": owner["kind"],
             "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],

@@ -62,8 +62,9 @@ API_ACCESS = (
     Access("", "persistentvolumeclaims", APPLY, WATCHED, "the Spark checkpoint volume"),
     Access("", "pods", ("delete",), WATCHED,
            "node loss: a dedup pod on a lost node, force-deleted by uid (control/nodeloss.py)"),
-    Access("", "persistentvolumeclaims", ("delete",), WATCHED,
-           "node loss: a dedup pod's claim pinned to a lost node, deleted by uid (control/nodeloss.py)"),
+    Access("", "persistentvolumeclaims", ("list", "delete"), WATCHED,
+           "node loss: a dedup pod's claim pinned to a lost node, deleted by uid (control/nodeloss.py); "
+           "a deleted pipeline's dedup state claims, listed by label, deleted by uid (control/teardown.py)"),
     Access("", "nodes", ("get",), CLUSTER, "node loss: the Ready condition of the dedup pods' nodes, by name"),
     Access("", "persistentvolumes", ("get",), CLUSTER,
            "node loss: whether a dedup pod's volume is pinned to one node, by name"),

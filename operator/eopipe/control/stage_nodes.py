@@ -11,6 +11,7 @@ import time
 from kubernetes import client
 
 from eopipe.control import nodeloss
+from eopipe.control.kube import delete_by_uid
 from eopipe.control.passctx import Pass
 from eopipe.control.status import DEDUP, Condition
 from eopipe.core.durations import rfc3339
@@ -61,13 +62,11 @@ def run(p: Pass) -> Condition | None:
 def _perform(core: client.CoreV1Api, namespace: str, action) -> None:
     """One delete, of the object observed only (a uid precondition: never its replacement of
     the same name). Already gone or already replaced is done."""
-    try:
-        if isinstance(action, nodeloss.ForceDeletePod):
-            core.delete_namespaced_pod(action.pod, namespace, grace_period_seconds=0, body=client.V1DeleteOptions(
-                grace_period_seconds=0, preconditions=client.V1Preconditions(uid=action.uid)))
-        else:
-            core.delete_namespaced_persistent_volume_claim(action.claim, namespace, body=client.V1DeleteOptions(
-                preconditions=client.V1Preconditions(uid=action.uid)))
-    except client.ApiException as e:
-        if e.status not in (404, 409):
-            raise
+    uid = client.V1Preconditions(uid=action.uid)
+    if isinstance(action, nodeloss.ForceDeletePod):
+        delete_by_uid(lambda: core.delete_namespaced_pod(
+            action.pod, namespace, grace_period_seconds=0,
+            body=client.V1DeleteOptions(grace_period_seconds=0, preconditions=uid)))
+    else:
+        delete_by_uid(lambda: core.delete_namespaced_persistent_volume_claim(
+            action.claim, namespace, body=client.V1DeleteOptions(preconditions=uid)))

@@ -62,6 +62,11 @@ def deduped_topic(namespace: str, pipeline: str) -> str:
     return f"{namespace}.{pipeline}.deduped"
 
 
+def dedup_set(pipeline: str) -> str:
+    """StatefulSet, headless Service and PodDisruptionBudget of the dedup pods."""
+    return f"{pipeline}-dedup"
+
+
 def spark_commit_topic(namespace: str, pipeline: str) -> str:
     """Where the Spark stage's sink keeps its commit markers (spark_app/sink_kafka.py)."""
     return f"eopipe.{namespace}.{pipeline}.spark-commits"
@@ -113,8 +118,7 @@ class Names:
 
     @property
     def dedup(self) -> str:
-        """StatefulSet, headless Service and PodDisruptionBudget of the dedup pods."""
-        return f"{self.pipeline}-dedup"
+        return dedup_set(self.pipeline)
 
     @property
     def assignment_configmap(self) -> str:

@@ -215,7 +215,9 @@ def statefulset(names: Names, image: str, replicas: int | None = None) -> dict:
             "template": _pod_template(names, container, labels),
             "volumeClaimTemplates": [{"metadata": {"name": STATE_VOLUME, "labels": labels},
                                       "spec": storage}],
-            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
+            # Retain (the default) on both: the operator deletes the claims with the pipeline
+            # (control/teardown.py); the policy's Delete makes the pods land on one node.
+            "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
         },
     }
 
