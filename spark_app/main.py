@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import re
 import signal
@@ -255,9 +254,7 @@ def _starting_offsets(spark, cfg: Config) -> str | None:
     """Where a query with no checkpoint starts over a Kafka sink that holds output already: where
     the sink's markers say each source partition's records are written up to (sink_position.py),
     unless upgradeMode is reprocess (upgrade.choose_start). None: the config's startingOffsets."""
-    from confluent_kafka.admin import AdminClient
-
-    from spark_app.sink_position import checkpoint_is_empty, plan_start, read_markers
+    from spark_app.sink_position import checkpoint_is_empty, end_offsets, plan_start, read_markers
     from spark_app.upgrade import choose_start
 
     if not isinstance(cfg.sink, KafkaSink) or not checkpoint_is_empty(spark, cfg.checkpoint_location):
@@ -269,8 +266,8 @@ def _starting_offsets(spark, cfg: Config) -> str | None:
         except ValueError as e:  # a value no sink of ours wrote: a restart reads it again
             raise ConfigError([f"sink.commit_topic: {e}"]) from None
     if markers:
-        md = AdminClient(cfg.kafka_client_config()).list_topics(cfg.source_topic, timeout=60)
-        plan = plan_start(markers, cfg.source_topic, md.topics[cfg.source_topic].partitions, cfg.starting_offsets)
+        plan = plan_start(markers, cfg.source_topic, end_offsets(cfg.kafka_client_config(), cfg.source_topic),
+                          cfg.starting_offsets)
         if plan.problems:  # as lasting as the markers: stop with the reason rather than restart
             raise ConfigError([f"sink.commit_topic: no checkpoint, and the sink's markers do not say where "
                                f"to start: {p}" for p in plan.problems])

@@ -11,14 +11,14 @@ committed). Starting there continues the output with no gap and no duplicate. A 
 plan's units (`task-<i>`, by shuffle partition) name no source range: their sink position is
 unknown, and such a query starts at `startingOffsets` as before (docs/design.md says so).
 
-`plan_start` is the pure part; `read_markers` and `checkpoint_is_empty` do the I/O.
+`plan_start` is the pure part; `read_markers`, `end_offsets` and `checkpoint_is_empty` do the I/O.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Mapping
 
 EARLIEST, LATEST = -2, -1  # Spark's startingOffsets JSON codes
 
@@ -33,9 +33,14 @@ class StartPlan:
         return json.dumps({topic: {str(p): o for p, o in sorted(self.offsets.items())}})
 
 
-def plan_start(markers: Iterable[dict], topic: str, partitions: Iterable[int], default: str) -> StartPlan:
+def plan_start(markers: Iterable[dict], topic: str, partitions: Mapping[int, int], default: str) -> StartPlan:
     """markers: decoded marker values (latest per key, any query id); partitions: the source
-    topic's partitions now; default: the query's startingOffsets for partitions no marker names."""
+    topic's partitions now, each with its end offset (high watermark); default: the query's
+    startingOffsets for partitions no marker names.
+
+    Markers past a partition's end, or naming a partition the topic no longer has, were written
+    from a topic of that name deleted and made again since: no offset of the new one continues
+    them, and starting there would read nothing for as long as the old offsets are ahead."""
     ends: dict[int, int] = {}
     parts: dict[tuple[int, int, str | None], list[tuple[int, int, int]]] = {}
     problems = []
@@ -56,6 +61,12 @@ def plan_start(markers: Iterable[dict], topic: str, partitions: Iterable[int], d
         if max(u for _, u, _ in got) == ends[p] and len(got) < got[0][2]:
             problems.append(f"source partition {p}: batch {batch} committed {len(got)} of its "
                             f"{got[0][2]} parts; no single offset resumes it exactly")
+    for p, until in sorted(ends.items()):
+        if p not in partitions or until > partitions[p]:
+            now = f"ends at offset {partitions[p]}" if p in partitions else "has no such partition"
+            problems.append(f"source partition {p}: the sink holds its records up to offset {until}, but {topic} "
+                            f"{now}: the topic was deleted and made again since the sink wrote; to start over, "
+                            "delete the commit topic or set spec.processing.upgradeMode to reprocess")
     base = EARLIEST if default == "earliest" else LATEST
     offsets = {p: ends.get(p, base) for p in partitions}
     return StartPlan(offsets, {p: o for p, o in ends.items() if p in offsets}, tuple(problems))
@@ -98,6 +109,19 @@ def read_markers(client_config: dict, commit_topic: str, timeout: float = 60.0) 
             if m.offset() + 1 >= ends[m.partition()][1]:
                 pending.discard(m.partition())
         return list(latest.values())
+    finally:
+        c.close()
+
+
+def end_offsets(client_config: dict, topic: str, timeout: float = 60.0) -> dict[int, int]:
+    """Each partition of `topic` with its high watermark now."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({**client_config, "group.id": f"{topic}.ends", "enable.auto.commit": False})
+    try:
+        md = c.list_topics(topic, timeout=timeout).topics[topic]
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)[1]
+                for p in md.partitions}
     finally:
         c.close()
 

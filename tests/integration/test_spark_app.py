@@ -343,6 +343,26 @@ def test_sql_that_does_not_analyse_exits_2(kafka_bootstrap, spark_driver, tmp_pa
 
 @pytest.mark.kafka
 @pytest.mark.spark
+def test_markers_past_the_end_of_a_remade_source_exit_2_before_writing(kafka_bootstrap, spark_driver, tmp_path):
+    """The sink's markers say partition 0 is written up to offset 500, but the source (the
+    deduped topic) was deleted and made again: it holds 30 records. A query without a
+    checkpoint that started at 500 would read nothing for a long while and then skip records;
+    the driver stops with the reason instead (exit 2), writing nothing."""
+    t = Topics(kafka_bootstrap)
+    marker = {"task": 0, "batch": 9, "query": "an-old-query", "attempt": 0, "rows": 500, "unit": "src-0",
+              "source": [{"topic": t.source, "partition": 0, "from": 0, "until": 500}], "parts": 0}
+    prod = Producer({"bootstrap.servers": kafka_bootstrap})
+    prod.produce(t.commits, json.dumps(marker).encode(), b"src-0")
+    assert prod.flush(30) == 0
+    run_load(kafka_bootstrap, t.source, 30, dup_ratio=0.0, wrong_partition_ratio=0.0, seed=27)
+    d = spark_driver(t.config(tmp_path))
+    assert d.wait(180) == 2, d.tail(30, meaningful=True)
+    assert f"the sink holds its records up to offset 500, but {t.source} ends at offset" in d.log_text()
+    assert sum(1 for _ in TopicReader(kafka_bootstrap, "read_uncommitted").read(t.sink)) == 0
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
 def test_sql_whose_tasks_follow_the_scan_order_exits_2_before_writing(kafka_bootstrap, spark_driver, tmp_path):
     """REPARTITION(n) without columns deals records round robin in the scan's order, which a
     replayed batch does not keep: the exactly-once sink refuses it at the first batch."""

@@ -9,7 +9,6 @@ in fences without a language."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path

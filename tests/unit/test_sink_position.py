@@ -13,7 +13,7 @@ def m(unit, batch, *ranges, query="q1", parts=0, topic="src"):
 
 
 CASES = [
-    # (id, markers, partitions, default, offsets, placed by markers)
+    # (id, markers, partitions (each with its end offset far ahead), default, offsets, placed by markers)
     ("a new sink: the config's start", [], [0, 1], "earliest", {0: EARLIEST, 1: EARLIEST}, {}),
     ("every partition written", [m("src-0", 4, (0, 10, 20)), m("src-1", 4, (1, 7, 9))], [0, 1], "earliest",
      {0: 20, 1: 9}, {0: 20, 1: 9}),
@@ -42,13 +42,13 @@ CASES = [
 @pytest.mark.parametrize("markers,partitions,default,offsets,placed", [c[1:] for c in CASES],
                          ids=[c[0] for c in CASES])
 def test_start(markers, partitions, default, offsets, placed):
-    plan = plan_start(markers, "src", partitions, default)
+    plan = plan_start(markers, "src", {p: 10**6 for p in partitions}, default)
     assert (plan.offsets, plan.from_markers, plan.problems) == (offsets, placed, ())
     assert json.loads(plan.spark_json("src")) == {"src": {str(p): o for p, o in offsets.items()}}
 
 
 def test_a_split_range_with_a_part_missing_has_no_exact_start():
-    plan = plan_start([m("src-0.1", 6, (0, 50, 100), parts=2)], "src", [0], "earliest")
+    plan = plan_start([m("src-0.1", 6, (0, 50, 100), parts=2)], "src", {0: 100}, "earliest")
     assert plan.problems and "batch 6 committed 1 of its 2 parts" in plan.problems[0]
 
 
@@ -57,5 +57,23 @@ def test_a_split_range_with_a_part_missing_has_no_exact_start():
                                  {"source": ["not a range"]}, {"source": [{"topic": "src", "partition": 0, "from": 0,
                                                                           "until": 9}], "parts": 2}])
 def test_a_malformed_marker_is_a_problem_not_a_guess(bad):
-    plan = plan_start([{"unit": "src-0", **bad}], "src", [0], "earliest")
+    plan = plan_start([{"unit": "src-0", **bad}], "src", {0: 100}, "earliest")
     assert plan.problems and "malformed source range" in plan.problems[0], plan
+
+
+@pytest.mark.parametrize("ends, problem", [
+    ({0: 30, 1: 9}, None),  # the sink is up to the end: nothing new yet, not a problem
+    ({0: 29, 1: 9}, "source partition 0: the sink holds its records up to offset 30, but src ends at offset 29"),
+    ({0: 0, 1: 0}, "source partition 0: the sink holds its records up to offset 30, but src ends at offset 0"),
+    ({0: 500}, "source partition 1: the sink holds its records up to offset 9, but src has no such partition"),
+], ids=["at the end", "one short", "made again, empty", "made again with fewer partitions"])
+def test_markers_past_the_end_of_the_topic_are_a_problem(ends, problem):
+    """The topic was deleted and made again since the sink wrote: starting at the markers would
+    read nothing until its offsets caught up, and skip that many new records."""
+    plan = plan_start([m("src-0", 5, (0, 20, 30)), m("src-1", 4, (1, 7, 9))], "src", ends, "earliest")
+    if problem is None:
+        assert plan.problems == () and plan.offsets == {0: 30, 1: 9}
+    else:
+        assert any(p.startswith(problem) for p in plan.problems), plan.problems
+        assert all("delete the commit topic or set spec.processing.upgradeMode to reprocess" in p
+                   for p in plan.problems)
