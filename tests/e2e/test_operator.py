@@ -164,22 +164,6 @@ def test_a_refused_apply_is_reported_in_status_and_events(operator, kube_api, ka
     wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 120, what="Ready again after the revert")
 
 
-def test_deletion_policy_delete_takes_the_topics_it_created(operator, kube_api, kafka_bootstrap, k8s_namespace):
-    """Retain (the default) keeping every topic is proved on the node tier
-    (test_node_tier.py::test_pipeline_exactly_once_on_the_kubelet, its deletion)."""
-    ns, cp = k8s_namespace, operator.cp
-    topic = unique_topic("del-delete", ns)
-    doc = example_manifest("minimal.yaml", kafka_bootstrap, **{"source.topic": topic, "deletionPolicy": "Delete"})
-    kubectl_apply(cp, ns, doc)
-    wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 180, what="Ready=True")
-    kubectl(cp, "delete", "eop", "minimal", "-n", ns, "--timeout=90s")
-    apps = client.AppsV1Api(kube_api)
-    wait_for(lambda: not apps.list_namespaced_stateful_set(ns).items, 60, what="StatefulSet garbage-collected")
-    topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
-    mine = [topic, deduped_topic(ns, "minimal"), dlq_topic(ns, "minimal")]  # all created by the operator
-    assert not any(t in topics for t in mine), [t for t in mine if t in topics]
-
-
 def test_an_adopted_source_topic_is_never_altered_or_deleted(operator, kube_api, kafka_bootstrap, k8s_namespace):
     """The producers' topic existed before the pipeline: its configs survive every resync (a
     mismatch is reported with the fix, never repaired), and deletionPolicy Delete deletes only the

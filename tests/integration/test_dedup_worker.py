@@ -69,18 +69,6 @@ def test_dedup_reroute_dlq_metrics_and_clean_shutdown(pipe):
     assert not marked, f"{len(marked)} output records carry the internal reroute header"
 
 
-@pytest.mark.parametrize("key", ["key", "json:id"])
-def test_poison_records_dead_lettered_with_key_spec(pipe, key):
-    w = pipe.worker([0, 1, 2], extra=["--key", key]).start().wait_ready()
-    stats = pipe.load(2000, poison=40, seed=2)
-    pipe.wait_drained()
-    assert w.terminate() == 0
-    rep = verify(pipe.bootstrap, pipe.source, pipe.output, key_spec=KeySpec.parse(key),
-                 dlq_topic=pipe.dlq, settle=5)
-    assert_clean(rep, poison=40)
-    assert rep.out == stats["unique"]
-
-
 def test_output_keeps_the_source_partition_whatever_the_record_key(pipe):
     """Dedup by a JSON field while record keys say something else (an account): each record
     reaches the output partition it was deduplicated in, its home by the field, never the one
