@@ -73,6 +73,15 @@ def operator(node_tier):
 
 
 @pytest.fixture
+def cordoned():
+    """Names of nodes a test drained: uncordoned after it, passed or not."""
+    nodes: list[str] = []
+    yield nodes
+    for node in nodes:
+        kubectl("uncordon", node, check=False)
+
+
+@pytest.fixture
 def lost_nodes():
     """Names of nodes a test lost: brought back after it, passed or not."""
     lost: list[str] = []
@@ -97,7 +106,7 @@ def _ready(pod: dict) -> bool:
 
 
 @pytest.mark.timeout(1500)
-def test_a_lost_node_loses_and_duplicates_nothing(node_tier, operator, lost_nodes):
+def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator, lost_nodes, cordoned):
     """examples/payments.yaml (both stages) on three nodes: its Spark pods and the operator on
     node 0 (the control plane's), its two dedup pods off it (spec.dedup.podTemplate.affinity), one
     on each other node (the operator's preferred anti-affinity). Under duplicated load,
@@ -106,7 +115,10 @@ def test_a_lost_node_loses_and_duplicates_nothing(node_tier, operator, lost_node
     NotReady; the operator force-deletes each pod there and its claim pinned there (NodeLost);
     the StatefulSet makes both again on a live node, which rebuilds the partitions from Kafka
     and fences the zombie. The node then comes back with load still running: its kubelet kills
-    the zombies, which changes nothing. `eopipe verify` of both stages: nothing lost, nothing twice."""
+    the zombies, which changes nothing. Then the node both dedup pods are on is drained
+    (`kubectl drain`): each evicted pod's replacement, pending on its claim pinned there, is
+    deleted with the claim (NodeDrained) and made again on the node that came back. `eopipe
+    verify` of both stages: nothing lost, nothing twice."""
     ns, name, src, sink = NS, NAME, "payments", "payments-enriched"
     kubectl("create", "namespace", ns)
     doc = yaml.safe_load((REPO_ROOT / "examples" / "payments.yaml").read_text())
@@ -170,15 +182,37 @@ def test_a_lost_node_loses_and_duplicates_nothing(node_tier, operator, lost_node
         wait(lambda: _node_ready(victim) == "True", 120, f"{victim} Ready again")
         wait(lambda: not zombies & _tasks(victim), 120, "the zombies' containers stopped by their kubelet")
         log(f"{victim} back; its zombies stopped by its kubelet")
-        time.sleep(10)
+        time.sleep(5)
+        now = _dedup_pods(ns, name)
+        assert {p: pod["metadata"]["uid"] for p, pod in now.items()} == after, "the node's return changed a pod"
+
+        # Drained, still under load: the node both dedup pods are on now is cordoned and its pods
+        # evicted one at a time (the budget's maxUnavailable 1); each replacement, pending on its
+        # claim pinned there, is deleted with the claim by the operator (NodeDrained) and made
+        # again on the node that came back, so the drain ends.
+        drained = now[f"{name}-dedup-1"]["spec"]["nodeName"]
+        moved = sorted(p for p, pod in now.items() if pod["spec"]["nodeName"] == drained)
+        cordoned.append(drained)
+        t_drain = time.monotonic()
+        kubectl("drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=400s", timeout=420)
+        log(f"kubectl drain {drained} ({', '.join(moved)} on it) done in {time.monotonic() - t_drain:.0f}s")
+        wait(lambda: settled(ns, name), 300, "the pipeline Ready after the drain")
+        now = _dedup_pods(ns, name)
+        assert all(_ready(pod) and pod["spec"]["nodeName"] not in (drained, NODE_NAME) for pod in now.values()), \
+            {p: pod["spec"]["nodeName"] for p, pod in now.items()}
+        log(f"{name} Ready {time.monotonic() - t_drain:.0f}s after the drain began")
+        events = kubectl("-n", ns, "get", "events", "--field-selector", f"reason=NodeDrained,involvedObject.name={name}",
+                         "-o", "jsonpath={range .items[*]}{.message}{'\\n'}{end}")
+        log(f"NodeDrained events:\n{events}")
+        assert all(f"state-{p}" in events and "cordoned" in events for p in moved), events
+        time.sleep(5)
     finally:
         load.terminate()
         out, err = load.communicate(timeout=300)
     assert load.returncode == 0, err
     sent = json.loads(out)
     log(f"load: {sent}")
-    assert settled(ns, name), "the pipeline not Ready after its node came back"
-    assert {p: pod["metadata"]["uid"] for p, pod in _dedup_pods(ns, name).items()} == after, "a pod changed"
+    assert settled(ns, name), "the pipeline not Ready at the end"
     rep = verify_both_stages(ns, name, src, sink)["dedup stage"]
     assert rep["unique_in"] == sent["unique"] and rep["malformed_in"] == rep["dead_lettered"] == 10, rep
     delete_spark_pipeline(ns, name)

@@ -34,6 +34,10 @@ def pod(name, node, *, local=None, deleting=False, serving=False, partitions=(0,
         Claim(f"state-{name}", f"cuid-{name}", local)
 
 
+def cordoned(name):
+    return Node(name, "True", NOW - 3_600_000, cordoned=True)
+
+
 def facts(*pods_claims, nodes=(), claims=None):
     pods = tuple(p for p, _ in pods_claims)
     found = {c.name: c for _, c in pods_claims} if claims is None else claims
@@ -89,6 +93,17 @@ CASES = {
     "a pod still serving on a NotReady node (the kubelet lost the API server): left alone": (
         facts(pod("d-0", "n1", local="n1", serving=True), nodes=[not_ready("n1", 10 * T)]),
         [], "NodeNotReady"),
+    "drained: the replacement pending on a claim pinned to the cordoned node: claim, then pod": (
+        facts(pod("d-0", "", local="n1"), nodes=[cordoned("n1"), ready("n2")]),
+        [(DC, "d-0", "state-d-0"), (FD, "d-0", None)], "NodeDrained"),
+    "cordoned, the pod still running there (its eviction is the drain's, paced by the budget): nothing": (
+        facts(pod("d-0", "n1", local="n1"), nodes=[cordoned("n1")]), [], None),
+    "the replacement pending on a claim pinned to a Ready node that takes pods: nothing": (
+        facts(pod("d-0", "", local="n1"), nodes=[ready("n1")]), [], None),
+    "cordoned and lost: lost wins the reason": (
+        facts(pod("d-0", "", local="n1"), pod("d-1", "n2", local="n2"),
+              nodes=[cordoned("n1"), not_ready("n2", T)]),
+        [(DC, "d-0", "state-d-0"), (DC, "d-1", "state-d-1"), (FD, "d-0", None), (FD, "d-1", None)], "NodeLost"),
     "a claim not read (unknown binding): the pod only": (
         facts(pod("d-0", "n1", local="n1"), nodes=[], claims={}),
         [(FD, "d-0", None)], "NodeLost"),
@@ -115,6 +130,15 @@ def test_actions_carry_the_uids_and_say_what_and_why():
     assert "claim state-d-0" in claim.why and "snapshot" in claim.why
     message = plan.condition().message
     assert message.startswith(claim.why) and message.endswith(force.why)
+
+
+def test_a_drained_pod_says_so():
+    plan = decide(facts(pod("d-0", "", local="n1", partitions=(1,)), nodes=[cordoned("n1")]))
+    assert [a.reason for a in plan.actions] == ["NodeDrained", "NodeDrained"]
+    claim, pending = plan.actions
+    assert "its volume is on node n1, cordoned (kubectl drain)" in claim.why
+    assert pending.why == ("deleted pod d-0 (partitions 1), pending on a claim whose volume is on node n1, "
+                           "cordoned (kubectl drain): the StatefulSet makes both again")
 
 
 def test_waiting_says_when_it_acts():

@@ -1,4 +1,5 @@
-"""Node loss: what to do about dedup pods whose node is gone or NotReady (pure: facts in, plan out).
+"""Node loss: what to do about dedup pods whose node is gone, NotReady or drained (pure: facts in,
+plan out).
 
 A pod on a node that stopped reporting stays `Terminating` for ever (its kubelet cannot confirm
 the stop), so the StatefulSet never makes its replacement; a claim whose local volume is pinned
@@ -21,9 +22,16 @@ record; what it costs is throughput while it lives, which is why a pod that stil
 /status with every partition running (its kubelet lost the API server, the pod did not lose
 its work) is left alone however long its node is NotReady.
 
-Never for a Ready node: a node that came back Ready, before or after the threshold, gets no
-action at all, nor do the claims pinned to it; nor does a node without a Ready condition yet
-(nothing is known of it). Below the threshold the plan only says what it waits for.
+A drained node (`kubectl drain`: cordoned, then its pods evicted) is Ready but takes no pod:
+the evicted pod's replacement stays `Pending` on its claim pinned there for as long as the node
+is cordoned. So a pod not scheduled whose claim is pinned to a cordoned node has that claim
+and itself deleted at once, as for a lost node (NodeDrained): the StatefulSet makes both again
+on a node that takes pods. A pod still running on a cordoned node is left alone (the drain's
+eviction, which the PodDisruptionBudget paces, is what stops it).
+
+Never for a Ready node otherwise: a node that came back Ready, before or after the threshold,
+gets no action at all, nor do the claims pinned to it; nor does a node without a Ready
+condition yet (nothing is known of it). Below the threshold the plan only says what it waits for.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ SELECTED_NODE = "volume.kubernetes.io/selected-node"  # the scheduler's pick for
 DEFAULT_THRESHOLD_SECONDS = 60.0
 
 READY, WAITING, LOST = "ready", "waiting", "lost"
+LOST_REASON, DRAINED_REASON = "NodeLost", "NodeDrained"
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class Node:
     name: str
     ready: str  # the Ready condition's status: "True", "False", "Unknown"; "" without one
     since_ms: int | None = None  # its lastTransitionTime
+    cordoned: bool = False  # spec.unschedulable (kubectl cordon, drain)
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,7 @@ class ForceDeletePod:
     uid: str  # a precondition: never the replacement of the same name
     node: str
     why: str
+    reason: str = LOST_REASON  # of its event, and of the condition
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,7 @@ class DeleteClaim:
     pod: str
     node: str
     why: str
+    reason: str = LOST_REASON
 
 
 @dataclass(frozen=True)
@@ -103,7 +115,8 @@ class Plan:
         """DedupReady while a node is lost (NodeLost: acted on) or NotReady (NodeNotReady:
         waiting); None when every node of the pipeline is Ready."""
         if self.actions:
-            return Condition(DEDUP, False, "NodeLost", "; ".join(a.why for a in self.actions))
+            reason = LOST_REASON if any(a.reason == LOST_REASON for a in self.actions) else DRAINED_REASON
+            return Condition(DEDUP, False, reason, "; ".join(a.why for a in self.actions))
         if self.waiting:
             return Condition(DEDUP, False, "NodeNotReady", "; ".join(self.waiting))
         return None
@@ -152,19 +165,23 @@ def decide(facts: Facts) -> Plan:
             continue
         # On a lost node, or not scheduled yet (a replacement): a claim pinned to a lost node
         # keeps the pod from starting anywhere else.
-        pinned_away = None
+        pinned_away, reason = None, LOST_REASON
         for name in pod.claims:
             claim = facts.claims.get(name)
             if claim is None or claim.node is None:
                 continue
             claim_state, claim_why = state(facts, claim.node)
+            if claim_state == READY and not pod.node and facts.nodes[claim.node].cordoned:
+                # Drained: the pod cannot come back there while the node is cordoned.
+                claim_state, claim_why = LOST, f"node {claim.node}, cordoned (kubectl drain)"
+                reason = DRAINED_REASON if pinned_away is None else reason
             if claim_state == LOST:
                 pinned_away = pinned_away or claim_why
                 if not claim.deleting:
                     actions.append(DeleteClaim(claim.name, claim.uid, pod.name, claim.node,
                                                f"deleted claim {claim.name} of pod {pod.name}{owns}: its volume is "
                                                f"on {claim_why}; a new volume is restored from the last snapshot "
-                                               "(spec.dedup.backup) or rebuilt from Kafka"))
+                                               "(spec.dedup.backup) or rebuilt from Kafka", reason))
             elif claim_state == WAITING and not claim.deleting:
                 waiting.append(f"claim {claim.name} of pod {pod.name}{owns}: {claim_why}; acting at {limit}")
         if node_state == LOST:
@@ -176,7 +193,7 @@ def decide(facts: Facts) -> Plan:
             # for its deleted claim for ever. It never ran, so nothing is fenced.
             actions.append(ForceDeletePod(pod.name, pod.uid, "",
                                           f"deleted pod {pod.name}{owns}, pending on a claim whose volume is on "
-                                          f"{pinned_away}: the StatefulSet makes both again"))
+                                          f"{pinned_away}: the StatefulSet makes both again", reason))
     # Claims first: the replacement must not be made on the claim that pins it to the lost node.
     actions.sort(key=lambda a: isinstance(a, ForceDeletePod))
     return Plan(tuple(actions), tuple(waiting))

@@ -171,10 +171,11 @@ class Observer:
                 return None
             raise
         cond = next((c for c in (n.status and n.status.conditions) or () if c.type == "Ready"), None)
+        cordoned = bool(n.spec and n.spec.unschedulable)
         if cond is None:
-            return nodeloss.Node(name, "")
+            return nodeloss.Node(name, "", cordoned=cordoned)
         since = cond.last_transition_time
-        return nodeloss.Node(name, cond.status or "", int(since.timestamp() * 1000) if since else None)
+        return nodeloss.Node(name, cond.status or "", int(since.timestamp() * 1000) if since else None, cordoned)
 
     def _claim(self, namespace: str, name: str) -> nodeloss.Claim | None:
         """The claim, pinned to the node of its PersistentVolume's hostname affinity; a claim not

@@ -1,5 +1,5 @@
 """Node loss, the I/O around control/nodeloss.decide: the facts read (observe.py), the plan's
-deletes made, each a Warning event NodeLost, the last one recorded in status.lastNodeLoss,
+deletes made, each a Warning event NodeLost (or NodeDrained), the last one recorded in status.lastNodeLoss,
 and the DedupReady condition that replaces the stage's own while a node is lost or NotReady.
 The partitions come back through the worker's own recovery (docs/design.md#node-loss)."""
 
@@ -48,14 +48,14 @@ def run(p: Pass) -> Condition | None:
             failed.append(f"could not delete {what} ({e.status} {e.reason}); trying again")
             continue
         done.append(action)
-        p.out.events.append(("Warning", "NodeLost", action.why))
+        p.out.events.append(("Warning", action.reason, action.why))
     if done:
         p.out.fields["lastNodeLoss"] = {
             "at": rfc3339(now_ms), "nodes": sorted({a.node for a in done}),
             "pods": sorted({a.pod for a in done if isinstance(a, nodeloss.ForceDeletePod)}),
             "claims": sorted({a.claim for a in done if isinstance(a, nodeloss.DeleteClaim)})}
     if failed:
-        return Condition(DEDUP, False, "NodeLost", "; ".join([a.why for a in done] + failed))
+        return Condition(DEDUP, False, plan.condition().reason, "; ".join([a.why for a in done] + failed))
     return plan.condition()
 
 
