@@ -16,6 +16,12 @@ SETTLED = {"type": "Reconciling", "status": "False"}
     ({"phase": "Rebalancing", "rebalance": {"id": 3}, "conditions": [SETTLED]}, True),
     ({"phase": "Degraded", "conditions": [SETTLED]}, False),          # a failure waits for the resync
     ({"conditions": [{"type": "Ready", "status": "True"}]}, False),
+    # a dedup pod's node NotReady: its threshold is seconds away, not a resync
+    ({"phase": "Degraded", "conditions": [SETTLED, {"type": "DedupReady", "status": "False",
+                                                    "reason": "NodeNotReady"}]}, True),
+    ({"conditions": [{"type": "DedupReady", "status": "False", "reason": "NodeLost"}]}, True),
+    ({"conditions": [{"type": "DedupReady", "status": "False", "reason": "NodeDrained"}]}, True),
+    ({"conditions": [{"type": "DedupReady", "status": "False", "reason": "PodsNotReady"}]}, False),
 ])
 def test_progressing(status, expected):
     assert _progressing(status) is expected

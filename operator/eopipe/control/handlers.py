@@ -15,7 +15,8 @@ from eopipe.control import sparkcrd, sparkwatch, stage_progress, teardown
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.reconcile import Reconciler
 from eopipe.control.settings import Settings
-from eopipe.control.status import RECONCILING, STALLED, merge_conditions, merge_patch, summarize
+from eopipe.control.nodeloss import DRAINED_REASON, LOST_REASON, NOT_READY_REASON
+from eopipe.control.status import DEDUP, RECONCILING, STALLED, merge_conditions, merge_patch, summarize
 from eopipe.control.topics import delete_topics
 from eopipe.core import spec as spec_mod
 from eopipe.core.kafkaconf import NotAllowed
@@ -24,6 +25,7 @@ from eopipe.core.names import LABEL_MANAGED_BY, LABEL_PIPELINE, MANAGED_BY, SPAR
     SPARK_VERSION, Names
 
 RESOURCE = spec_mod.RESOURCE
+NODE_REASONS = (NOT_READY_REASON, LOST_REASON, DRAINED_REASON)
 # The SparkApplication watch logs here, not to Kopf's logger of the object, which would post
 # each line as an Event on the Spark Operator's object.
 WATCH_LOG = logging.getLogger("eopipe.sparkwatch")
@@ -81,12 +83,15 @@ def _write_status(rec: Reconciler, body, outcome) -> dict:
 
 
 def _progressing(status, **_) -> bool:
-    """Work under way: a rebalance, or stages not ready yet (condition Reconciling, as when pods
-    are starting). Such a pipeline is stepped every rebalance_poll_seconds, so that Ready follows
-    the pods within seconds rather than at the next resync."""
+    """Work under way: a rebalance, stages not ready yet (condition Reconciling, as when pods are
+    starting), or a dedup pod's node NotReady, lost or drained (control/nodeloss.py: the
+    threshold is counted in seconds, a resync is a minute). Such a pipeline is stepped every
+    rebalance_poll_seconds, so that what follows comes within seconds, not at the next resync."""
     st = status or {}
     return bool(st.get("rebalance")) or any(
-        c.get("type") == RECONCILING and c.get("status") == "True" for c in st.get("conditions") or [])
+        (c.get("type") == RECONCILING and c.get("status") == "True")
+        or (c.get("type") == DEDUP and c.get("status") == "False" and c.get("reason") in NODE_REASONS)
+        for c in st.get("conditions") or [])
 
 
 def _autoscaling(spec, **_) -> bool:

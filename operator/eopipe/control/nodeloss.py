@@ -48,7 +48,7 @@ SELECTED_NODE = "volume.kubernetes.io/selected-node"  # the scheduler's pick for
 DEFAULT_THRESHOLD_SECONDS = 60.0
 
 READY, WAITING, LOST = "ready", "waiting", "lost"
-LOST_REASON, DRAINED_REASON = "NodeLost", "NodeDrained"
+NOT_READY_REASON, LOST_REASON, DRAINED_REASON = "NodeNotReady", "NodeLost", "NodeDrained"
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ class Plan:
             reason = LOST_REASON if any(a.reason == LOST_REASON for a in self.actions) else DRAINED_REASON
             return Condition(DEDUP, False, reason, "; ".join(a.why for a in self.actions))
         if self.waiting:
-            return Condition(DEDUP, False, "NodeNotReady", "; ".join(self.waiting))
+            return Condition(DEDUP, False, NOT_READY_REASON, "; ".join(self.waiting))
         return None
 
 
