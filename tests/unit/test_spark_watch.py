@@ -1,11 +1,11 @@
-"""The operator's watch of SparkApplications (control/sparkwatch.py): which events reconcile the
-owning pipeline, and how often a flapping driver may make it do so."""
+"""The operator's watch of SparkApplications and dedup StatefulSets (control/sparkwatch.py):
+which events reconcile the owning pipeline, and how often a flapping driver may make it do so."""
 
 from __future__ import annotations
 
 import pytest
 
-from eopipe.control.sparkwatch import MIN_GAP_SECONDS, Decision, Watch, decide, owner, state_of
+from eopipe.control.sparkwatch import MIN_GAP_SECONDS, Decision, Watch, decide, owner, ready_of, state_of
 
 GAP = MIN_GAP_SECONDS
 # seen (None: never), state now, deleted, last pass (None: never), now -> decision
@@ -51,6 +51,23 @@ def test_owner(refs, want):
 def test_state_of():
     assert state_of({"status": {"applicationState": {"state": "FAILED"}}}) == "FAILED"
     assert state_of({}) == state_of({"status": {}}) == ""
+
+
+def test_ready_of():
+    assert ready_of({"spec": {"replicas": 2}, "status": {"readyReplicas": 1}}) == "1/2"
+    assert ready_of({"spec": {"replicas": 2}, "status": {}}) == "0/2"  # the field is left out at 0
+
+
+def test_a_statefulset_and_an_application_of_one_pipeline_keep_one_gap():
+    """A dedup pod turning NotReady right after a driver change: one pipeline, so the second
+    pass waits for the gap whichever child changed."""
+    w, pipe = Watch(), ("ns", "p")
+    sts, app = ("StatefulSet", "ns", "p-dedup"), ("SparkApplication", "ns", "p-spark")
+    w.observe(sts, pipe, "2/2", False, 0.0)
+    w.observe(app, pipe, "RUNNING", False, 0.0)
+    assert w.observe(app, pipe, "FAILING", False, 10.0) == Decision(True, 0.0)
+    assert w.observe(sts, pipe, "1/2", False, 11.0) == Decision(True, GAP - 1.0)
+    assert not w.observe(sts, pipe, "1/2", False, 20.0).trigger  # unchanged
 
 
 def test_a_flapping_driver_is_one_pass_per_gap():

@@ -76,9 +76,10 @@ creates, which the API server authorizes as both patch and create.
 - apiGroups: [""]
   resources: [configmaps, services]
   verbs: [get, create, patch]
+# Watched (list, watch): a change of its ready pods reconciles the pipeline (control/sparkwatch.py).
 - apiGroups: [apps]
   resources: [statefulsets]
-  verbs: [get, create, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, create, patch]

@@ -21,8 +21,8 @@ from eopipe.control.topics import delete_topics
 from eopipe.core import spec as spec_mod
 from eopipe.core.kafkaconf import NotAllowed
 from eopipe.core.kubeclient import load_config
-from eopipe.core.names import LABEL_MANAGED_BY, LABEL_PIPELINE, MANAGED_BY, SPARK_GROUP, SPARK_PLURAL, \
-    SPARK_VERSION, Names
+from eopipe.core.names import LABEL_COMPONENT, LABEL_MANAGED_BY, LABEL_PIPELINE, MANAGED_BY, SPARK_GROUP, \
+    SPARK_PLURAL, SPARK_VERSION, Names
 
 RESOURCE = spec_mod.RESOURCE
 NODE_REASONS = (NOT_READY_REASON, LOST_REASON, DRAINED_REASON)
@@ -198,26 +198,22 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
     def autoscale_step(body, logger, **kw):
         resync(body=body, logger=logger, **kw)
 
-    # A SparkApplication's state (a driver Failed, a refused checkpoint) reaches its pipeline's
-    # status now, not at the resync (control/sparkwatch.py). A raw event handler: nothing is
-    # written to the Spark Operator's object (no finalizer, no handler progress).
+    # A SparkApplication's state (a driver Failed, a refused checkpoint) and the dedup pods'
+    # readiness reach the pipeline's status now, not at the resync (control/sparkwatch.py). Raw
+    # event handlers: nothing is written to the watched objects (no finalizer, no handler progress).
     watch = sparkwatch.Watch()
 
-    @kopf.on.event(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, registry=registry,
-                   labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_PIPELINE: kopf.PRESENT})
-    async def spark_state(event, body, **_):
+    async def child_changed(event, body, state: str, what: str) -> None:
         meta = body.get("metadata") or {}
         pipeline = sparkwatch.owner(meta)
         if pipeline is None:
             return
-        ns, state = meta.get("namespace", ""), sparkwatch.state_of(body)
-        d = watch.observe((ns, meta.get("name", "")), (ns, pipeline), state,
-                          event.get("type") == "DELETED", time.monotonic())
+        ns, deleted = meta.get("namespace", ""), event.get("type") == "DELETED"
+        d = watch.observe((what, ns, meta.get("name", "")), (ns, pipeline), state, deleted, time.monotonic())
         if not d.trigger:
             return
-        WATCH_LOG.info(f"{ns}/{meta.get('name')}: state {state or 'none'}"
-                    f"{', deleted' if event.get('type') == 'DELETED' else ''}: reconciling pipeline {pipeline}"
-                    + (f" in {d.delay:.1f}s" if d.delay else ""))
+        WATCH_LOG.info(f"{what} {ns}/{meta.get('name')}: state {state or 'none'}{', deleted' if deleted else ''}: "
+                       f"reconciling pipeline {pipeline}" + (f" in {d.delay:.1f}s" if d.delay else ""))
         await asyncio.sleep(d.delay)
         owner = {"metadata": {"namespace": ns, "name": pipeline}}
         for _ in range(sparkwatch.RETRIES):  # Kopf does not retry an event handler
@@ -225,6 +221,18 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
                 return await asyncio.to_thread(_reconcile, reconciler(), owner, WATCH_LOG)
             except kopf.TemporaryError as e:  # e.g. a stopped driver not gone yet: in status already
                 await asyncio.sleep(e.delay or sparkwatch.MIN_GAP_SECONDS)
+
+    @kopf.on.event(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, registry=registry,
+                   labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_PIPELINE: kopf.PRESENT})
+    async def spark_state(event, body, **_):
+        await child_changed(event, body, sparkwatch.state_of(body), "SparkApplication")
+
+    # The dedup pods' readiness, as their StatefulSet counts it: a pod that turns NotReady (its
+    # node stopped reporting, control/nodeloss.py) reconciles its pipeline now, not at the resync.
+    @kopf.on.event("apps", "v1", "statefulsets", registry=registry,
+                   labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: "dedup"})
+    async def dedup_pods_ready(event, body, **_):
+        await child_changed(event, body, sparkwatch.ready_of(body), "StatefulSet")
 
     @kopf.on.delete(*RESOURCE, registry=registry, optional=True)
     def forget_metrics(body, **_):

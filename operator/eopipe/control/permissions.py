@@ -43,6 +43,9 @@ KOPF = (
     Access("", "namespaces", ("list", "watch"), CLUSTER, "Kopf observes namespaces, even named ones"),
     Access(SPARK_GROUP, SPARK_PLURAL, ("list", "watch"), WATCHED,
            "Kopf watches the SparkApplications: a state change reconciles the pipeline (control/sparkwatch.py)"),
+    Access("apps", "statefulsets", ("list", "watch"), WATCHED,
+           "Kopf watches the dedup StatefulSets: a change of their ready pods reconciles the pipeline "
+           "(control/sparkwatch.py; a pod on a node that stopped reporting turns NotReady)"),
 )
 
 API_ACCESS = (

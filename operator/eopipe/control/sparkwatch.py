@@ -1,6 +1,9 @@
-"""The operator's watch of the SparkApplications it made: a change of the application's state
-(a driver Failed, the Stalled/CheckpointIncompatible exit) reconciles the owning pipeline at
-once instead of at the next resync (Settings.resync_seconds, a minute in the chart).
+"""The operator's watch of the SparkApplications and dedup StatefulSets it made: a change of the
+application's state (a driver Failed, the Stalled/CheckpointIncompatible exit), or of the count
+of ready dedup pods (one on a node that stopped reporting turns NotReady: control/nodeloss.py),
+reconciles the owning pipeline at once instead of at the next resync (Settings.resync_seconds, a
+minute in the chart). Both share one memory: a pipeline's passes keep their gap whichever child
+changed.
 
 Only status.applicationState.state matters, and the application's deletion (the pass that
 follows creates it again, as after a resubmission): the Spark Operator patches its status often
@@ -27,6 +30,13 @@ RETRIES = 6  # passes one event may make while the pass asks to be retried (abou
 
 def state_of(app: dict) -> str:
     return str(((app.get("status") or {}).get("applicationState") or {}).get("state") or "")
+
+
+def ready_of(sts: dict) -> str:
+    """A StatefulSet's state for the watch: its ready pods of those it wants. The controller
+    patches its status for every pod change; only the count matters here."""
+    spec, status = sts.get("spec") or {}, sts.get("status") or {}
+    return f"{status.get('readyReplicas') or 0}/{spec.get('replicas')}"
 
 
 def owner(meta: dict) -> str | None:
@@ -60,10 +70,10 @@ def decide(seen: str | None, state: str, deleted: bool, last_pass: float | None,
 @dataclass
 class Watch:
     """The memory between events: each application's last state, each pipeline's last pass."""
-    seen: dict[tuple[str, str], str] = field(default_factory=dict)
+    seen: dict[tuple[str, ...], str] = field(default_factory=dict)  # by (kind, namespace, name)
     passes: dict[tuple[str, str], float] = field(default_factory=dict)
 
-    def observe(self, key: tuple[str, str], pipeline: tuple[str, str], state: str, deleted: bool,
+    def observe(self, key: tuple[str, ...], pipeline: tuple[str, str], state: str, deleted: bool,
                 now: float) -> Decision:
         d = decide(self.seen.get(key), state, deleted, self.passes.get(pipeline), now)
         if deleted:  # bounded: a deleted application is forgotten
