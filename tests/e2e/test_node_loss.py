@@ -204,7 +204,8 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
                 _ready(pod) and pod["spec"].get("nodeName") not in (drained, NODE_NAME) for pod in pods.values())
         wait(moved_off, 300, f"every dedup pod Ready off {drained} and node 0, the pipeline Ready")
         log(f"{name} Ready {time.monotonic() - t_drain:.0f}s after the drain began")
-        events = kubectl("-n", ns, "get", "events", "--field-selector", f"reason=NodeDrained,involvedObject.name={name}",
+        events = kubectl("-n", ns, "get", "events",
+                         "--field-selector", f"reason=NodeDrained,involvedObject.name={name}",
                          "-o", "jsonpath={range .items[*]}{.message}{'\\n'}{end}")
         log(f"NodeDrained events:\n{events}")
         assert all(f"state-{p}" in events and "cordoned" in events for p in moved), events

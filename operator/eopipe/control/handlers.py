@@ -261,7 +261,7 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
             if retry + 1 < config.delete_attempts:
                 raise kopf.TemporaryError(f"deleting the dedup state claims: {e.status} {e.reason}", delay=5)
             kopf.warn(body, reason="ClaimsRetained", message=f"gave up deleting the dedup state claims after "
-                                                             f"{config.delete_attempts} attempts ({e.status} {e.reason})")
+                      f"{config.delete_attempts} attempts ({e.status} {e.reason})")
         else:
             if claims:
                 kopf.info(body, reason="ClaimsDeleted", message=", ".join(claims))

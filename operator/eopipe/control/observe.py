@@ -95,7 +95,7 @@ class Observer:
             window_ms=duration_ms(spec.dedup.window))
 
     def pods(self, names: Names) -> dict[str, PodFacts]:
-        sel = ",".join(f"{k}={v}" for k, v in names.selector("dedup").items())
+        sel = names.label_selector("dedup")
         items = self.core.list_namespaced_pod(names.namespace, label_selector=sel).items
         pods = {}
         for pod in items:
@@ -130,7 +130,7 @@ class Observer:
         """The facts of control/nodeloss: the dedup pods, the Nodes they and their claims are on,
         and (only for a pod whose node is not Ready, or not scheduled) its claims with the node
         their volume is pinned to. With every node Ready: one list and one get per node."""
-        sel = ",".join(f"{k}={v}" for k, v in names.selector("dedup").items())
+        sel = names.label_selector("dedup")
         # Only the StatefulSet's own pods and their state claims (state-<pod>): a pod that only
         # carries the labels, or a claim it names, is never the operator's to delete.
         pods = [nodeloss.Pod(

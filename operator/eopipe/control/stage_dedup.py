@@ -128,7 +128,7 @@ def _apply(p: Pass, plan: rebalance_sm.Plan, topics_ok: bool, facts: Facts) -> C
     out.fields.update({"replicas": replicas, "readyReplicas": ready,
                        "partitions": current.partition_count or names.spec.source.partitions,
                        # For the scale subresource: the pods an HPA's metrics select.
-                       "selector": ",".join(f"{k}={v}" for k, v in names.selector("dedup").items())})
+                       "selector": names.label_selector("dedup")})
     reports = {n: pf.status for n, pf in facts.pods.items() if pf.status is not None}
     window = effective_window_seconds(reports.values())
     if window is not None:  # else the last reported value stays

@@ -1,6 +1,6 @@
 """What a pipeline's deletion removes itself, before the garbage collector takes the rest: the
-dedup pods' state claims, their StatefulSet first scaled to zero (the Spark checkpoint claim is owned by
-the pipeline and goes with it).
+dedup pods' state claims, their StatefulSet first scaled to zero (the Spark checkpoint claim is
+owned by the pipeline and goes with it).
 
 Not the StatefulSet's persistentVolumeClaimRetentionPolicy (whenDeleted: Delete): with it the
 StatefulSet controller writes an owner reference into each claim it creates while the
@@ -16,7 +16,7 @@ from kubernetes import client
 
 from eopipe.control.builders.dedup import STATE_VOLUME
 from eopipe.control.kube import delete_by_uid
-from eopipe.core.names import LABEL_COMPONENT, LABEL_PIPELINE, dedup_set
+from eopipe.core.names import dedup_set, label_selector
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,8 @@ def state_claims(pipeline: str, found: list[Found]) -> list[Found]:
 
 def delete_dedup_state(api: client.ApiClient, namespace: str, pipeline: str, owner_uid: str) -> list[str]:
     """Scales the pipeline's dedup StatefulSet to zero and deletes its state claims, each by uid;
-    returns the claims deleted. Nothing if a set of that name is not the pipeline's. A claim still mounted by a terminating pod
-    is removed when the pod is gone (the kubernetes.io/pvc-protection finalizer)."""
+    returns the claims deleted. Nothing if a set of that name is not the pipeline's. A claim still
+    mounted by a terminating pod is removed when the pod is gone (kubernetes.io/pvc-protection)."""
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     name = dedup_set(pipeline)
     try:
@@ -53,7 +53,7 @@ def delete_dedup_state(api: client.ApiClient, namespace: str, pipeline: str, own
         delete_by_uid(lambda: apps.patch_namespaced_stateful_set(
             name, namespace, {"metadata": {"uid": sts.metadata.uid}, "spec": {"replicas": 0}}))
     listed = core.list_namespaced_persistent_volume_claim(
-        namespace, label_selector=f"{LABEL_PIPELINE}={pipeline},{LABEL_COMPONENT}=dedup")
+        namespace, label_selector=label_selector(pipeline, "dedup"))
     claims = state_claims(pipeline, [Found(c.metadata.name, c.metadata.uid) for c in listed.items])
     for c in claims:
         delete_by_uid(lambda c=c: core.delete_namespaced_persistent_volume_claim(

@@ -62,6 +62,11 @@ def deduped_topic(namespace: str, pipeline: str) -> str:
     return f"{namespace}.{pipeline}.deduped"
 
 
+def label_selector(pipeline: str, component: str) -> str:
+    """The API's label selector of a pipeline's component (Names.selector as one string)."""
+    return f"{LABEL_PIPELINE}={pipeline},{LABEL_COMPONENT}={component}"
+
+
 def dedup_set(pipeline: str) -> str:
     """StatefulSet, headless Service and PodDisruptionBudget of the dedup pods."""
     return f"{pipeline}-dedup"
@@ -148,3 +153,6 @@ class Names:
 
     def selector(self, component: str) -> dict[str, str]:
         return {LABEL_PIPELINE: self.pipeline, LABEL_COMPONENT: component}
+
+    def label_selector(self, component: str) -> str:
+        return label_selector(self.pipeline, component)
