@@ -26,6 +26,10 @@ Steps (each module's docstring says exactly what it measures):
   autoscale      the operator's autoscaler under a 1x, 4x, 1x load step on the local control
                  plane: replicas over time, pause per move, latency per phase, verified output
                  (left out by --quick: it starts a control plane and runs about 4 minutes)
+  node_faults    a node lost and a node drained on a 3-node tier of its own (payments, both
+                 stages): time to NotReady, to the pods Ready elsewhere, back to full rate, and the
+                 longest partition pause in the drain; both stages verified (left out by --quick
+                 and when not root: it starts the node tier, about 10 minutes)
 
 Prints the detail table of each step, then one combined table (stdout; progress goes to
 stderr); writes the combined table and the details as JSON and a plot as PNG and SVG. Absolute
@@ -56,7 +60,7 @@ from bench.common import REPO, broker, positive_ints, say
 from bench.recovery_summary import FAULTS, parse_faults
 
 STEPS = ("dedup_vs_copy", "scale", "latency", "spark_sink", "dedup_latency", "recovery", "migration", "memory", "snapshots",
-         "autoscale")
+         "autoscale", "node_faults")
 FULL = {"records": 200_000, "rounds": 2, "latency_seconds": 20.0, "rates": "100,1000",
         "recovery_keys": 1_000_000, "recovery_rate": 2000.0, "kills": 3, "recovery_steady": 5.0,
         "recovery_faults": "worker_kill,broker_kill,partition,worker_pause", "keys": 1_000_000,
@@ -86,8 +90,8 @@ def _count(n: int) -> str:
 def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[str]) -> tuple[dict, dict]:
     """Runs the steps in order; returns (results, errors) by step name. A failing step is
     reported and the others still run."""
-    from bench import (autoscale, dedup_latency, dedup_vs_copy, latency, memory, migration, recovery, scale,
-                       snapshots, spark_sink)
+    from bench import (autoscale, dedup_latency, dedup_vs_copy, latency, memory, migration, node_faults, recovery,
+                       scale, snapshots, spark_sink)
 
     rates = tuple(int(r) for r in opts.rates.split(","))
     calls = {
@@ -113,6 +117,7 @@ def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[st
         "snapshots": lambda: snapshots.bench(bootstrap, work / "snapshots", keys=opts.snapshot_keys,
                                              records=opts.snapshot_records, progress=say),
         "autoscale": lambda: autoscale.bench(bootstrap, work / "autoscale", progress=say),
+        "node_faults": lambda: node_faults.bench(work / "node_faults", progress=say),
     }
     results, errors = {}, {}
     todo = [s for s in STEPS if s not in skip]
@@ -267,6 +272,14 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
         lambda r: max(m["max_pause_ms"] for m in r["moves"]))
     row("autoscale", "autoscale_p99_ms_4x", "autoscale: latency p99 during 4x", "ms",
         "dedup stage, produce -> read_committed output", lambda r: r["phases"][1]["p99_ms"])
+    faults = results.get("node_faults") or {}
+    loss_notes = (f"3 nodes, 400 records/s; NotReady after {faults['not_ready_s']:.0f} s, pods Ready after "
+                  f"{faults['pods_ready_s']:.0f} s (operator threshold {faults['threshold_s']} s)" if faults else "")
+    row("node_faults", "node_loss_full_rate_s", "node lost: back to full rate", "s",
+        f"lag back to steady; goal 60 s; {loss_notes}", lambda r: r["full_rate_s"])
+    row("node_faults", "drain_pause_s", "node drained: longest partition pause", "s",
+        "committed offset still while records wait; goal 1 s" + (f"; drain done in {faults['drain_s']:.0f} s"
+                                                                 if faults else ""), lambda r: r["drain_pause_s"])
     return rows
 
 
@@ -483,7 +496,10 @@ def main(argv: list[str] | None = None) -> int:
         # starts a control plane; spark_sink starts seven Spark JVMs, minutes on two cores.
         # snapshots starts an object store and restarts workers on a pre-loaded partition: over
         # a minute even at tiny sizes (python -m bench.snapshots runs it alone)
-        skip.update(("autoscale", "spark_sink", "snapshots"))
+        skip.update(("autoscale", "spark_sink", "snapshots", "node_faults"))
+    if os.geteuid() != 0 and "node_faults" not in skip:
+        say("node_faults left out: the node tier needs root")
+        skip.add("node_faults")
     if args.peers:
         skip = set(STEPS) - {"dedup_vs_copy"}
     elif args.peers is None:

@@ -6,13 +6,18 @@ cut off, until its node comes back."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
+
+from pathlib import Path
 
 import pytest
 import yaml
 
-from eopipe.core.names import LABEL_COMPONENT, LABEL_PIPELINE
+from bench import node_faults
+from bench.node_faults_summary import longest_pause, recovered_after
+from eopipe.core.names import LABEL_COMPONENT, LABEL_PIPELINE, consumer_group
 from localenv import REPO_ROOT
 from localenv.node import NODE_NAME, running_nodes
 from tests.helpers.nodepipes import (
@@ -25,7 +30,19 @@ from tests.helpers.nodepipes import (
     start_load,
     verify_both_stages,
 )
-from tests.helpers.nodetier import BOOTSTRAP, NODE_TESTS, eopipe, helm, kubectl, kubectl_json, log, node_cmd, wait
+from tests.helpers.nodetier import (
+    BOOTSTRAP,
+    NODE_TESTS,
+    PY,
+    eopipe,
+    helm,
+    in_tier,
+    kubectl,
+    kubectl_json,
+    log,
+    node_cmd,
+    wait,
+)
 
 pytestmark = NODE_TESTS
 
@@ -101,6 +118,26 @@ def _on_node_0() -> dict:
         {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}]}]}}}
 
 
+def _sampler(ns: str, name: str, src: str) -> subprocess.Popen:
+    """bench.node_faults' lag sampler in the tier's network: the dedup group's committed offsets
+    and the source's ends, read from Kafka."""
+    return subprocess.Popen(in_tier(PY, "-m", "bench.node_faults", "sample", "--bootstrap", BOOTSTRAP,
+                                    "--group", consumer_group(ns, name), "--topic", src),
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _timings(samples: list, at: dict[str, float]) -> dict:
+    """What bench.node_faults reports, from the test's wall-clock marks and the samples."""
+    pause, partition = longest_pause(samples, at["drain"], at["drained"])
+    return {"threshold_s": THRESHOLD_SECONDS, "samples": len(samples),
+            "sample_every_s": (samples[-1][0] - samples[0][0]) / max(1, len(samples) - 1),
+            "not_ready_s": at["not_ready"] - at["lost"], "pods_ready_s": at["pods_ready"] - at["lost"],
+            "pipeline_ready_s": at["ready"] - at["lost"],
+            "full_rate_s": recovered_after(samples, at["lost"], at["load"] + 3),
+            "drain_s": at["drain_done"] - at["drain"], "drain_pause_s": pause, "drain_pause_partition": partition,
+            "drain_ready_s": at["drained"] - at["drain"]}
+
+
 def _ready(pod: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
 
@@ -145,15 +182,19 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
     poison = eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", src, "--count", "0", "--poison", "10",
                     "--seed", "41", "--quiet", "--json")
     assert poison.returncode == 0, poison.stderr
+    sampler = _sampler(ns, name, src)
+    at = {"load": time.time()}  # wall clock: the sampler's clock too
     load = start_load(src, "1000000", "400", "41")
     try:
         time.sleep(10)
         lost_nodes.append(victim)
+        at["lost"] = time.time()
         res = node_cmd("node-kill", victim, "--keep-containers")
         assert res.returncode == 0, res.stdout
         t_lost = time.monotonic()
         log(f"{res.stdout.strip()}; {', '.join(lost)} on it")
         wait(lambda: _node_ready(victim) != "True", 120, f"{victim} NotReady")
+        at["not_ready"] = time.time()
         log(f"{victim} NotReady {time.monotonic() - t_lost:.0f}s after its loss")
 
         def replaced() -> bool:
@@ -161,8 +202,10 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
             return all(p in now and now[p]["metadata"]["uid"] != old_uids[p] and _ready(now[p])
                        and now[p]["spec"]["nodeName"] != victim for p in lost)
         wait(replaced, 300, f"{', '.join(lost)} made again on a live node and Ready")
+        at["pods_ready"] = time.time()
         log(f"{', '.join(lost)} Ready again {time.monotonic() - t_lost:.0f}s after the loss")
         wait(lambda: settled(ns, name), 300, "the pipeline Ready after the loss")
+        at["ready"] = time.time()
         log(f"{name} Ready {time.monotonic() - t_lost:.0f}s after the loss")
         for p in lost:
             assert kubectl_json("-n", ns, "get", "pvc", f"state-{p}")["metadata"]["uid"] != old_claims[p], p
@@ -193,8 +236,9 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
         drained = now[f"{name}-dedup-1"]["spec"]["nodeName"]
         moved = sorted(p for p, pod in now.items() if pod["spec"]["nodeName"] == drained)
         cordoned.append(drained)
-        t_drain = time.monotonic()
+        t_drain, at["drain"] = time.monotonic(), time.time()
         kubectl("drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=400s", timeout=420)
+        at["drain_done"] = time.time()
         log(f"kubectl drain {drained} ({', '.join(moved)} on it) done in {time.monotonic() - t_drain:.0f}s")
         # The drain ends once the last pod is evicted: its replacement may still be pending, and
         # the pipeline's status a pass behind.
@@ -203,6 +247,7 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
             return sorted(pods) == sorted(now) and settled(ns, name) and all(
                 _ready(pod) and pod["spec"].get("nodeName") not in (drained, NODE_NAME) for pod in pods.values())
         wait(moved_off, 300, f"every dedup pod Ready off {drained} and node 0, the pipeline Ready")
+        at["drained"] = time.time()
         log(f"{name} Ready {time.monotonic() - t_drain:.0f}s after the drain began")
         events = kubectl("-n", ns, "get", "events",
                          "--field-selector", f"reason=NodeDrained,involvedObject.name={name}",
@@ -213,9 +258,18 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
     finally:
         load.terminate()
         out, err = load.communicate(timeout=300)
+        sampler.terminate()
+        samples_out, samples_err = sampler.communicate(timeout=60)
     assert load.returncode == 0, err
     sent = json.loads(out)
     log(f"load: {sent}")
+    samples = [json.loads(line) for line in samples_out.splitlines()]
+    assert samples, samples_err
+    timings = _timings(samples, at)
+    log(f"timings (bench.node_faults):\n{node_faults.table(timings)}")
+    assert timings["full_rate_s"] is not None, "the lag never came back to steady after the loss"
+    if os.environ.get(node_faults.OUT_ENV):
+        Path(os.environ[node_faults.OUT_ENV]).write_text(json.dumps(timings))
     assert settled(ns, name), "the pipeline not Ready at the end"
     rep = verify_both_stages(ns, name, src, sink)["dedup stage"]
     assert rep["unique_in"] == sent["unique"] and rep["malformed_in"] == rep["dead_lettered"] == 10, rep

@@ -41,7 +41,8 @@ EXPECTED = {
     "memory_peak_rss_mb_20k": "MB",
     "memory_peak_rss_mb_100k": "MB",
 }
-# --quick leaves out autoscale and spark_sink (each runs alone: a control plane; seven Spark JVMs).
+# --quick leaves out autoscale, spark_sink, snapshots and node_faults (each runs alone: a control plane; seven
+# Spark JVMs; an object store; the node tier).
 
 
 def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
