@@ -135,8 +135,12 @@ def _stderr(text: str) -> None:
 emit = _stderr  # the test module points this past pytest's capture: the CI log shows the tier
 
 
+_T0 = time.monotonic()
+
+
 def log(msg: str) -> None:
-    emit(f"[node tier] {msg}")
+    """Each line with the seconds since the run began: the CI log then says where a test's time went."""
+    emit(f"[node tier {time.monotonic() - _T0:6.0f}s] {msg}")
 
 
 def kubectl_as(user: str, *args: str, input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
