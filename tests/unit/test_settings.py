@@ -11,6 +11,7 @@ ENV = {
     "EOPIPE_SPARK_IMAGE": ("spark_image", "reg/eopipe-spark:1"),
     "EOPIPE_RESYNC_SECONDS": ("resync_seconds", 7.0),
     "EOPIPE_DELETE_ATTEMPTS": ("delete_attempts", 9),
+    "EOPIPE_KAFKA_TIMEOUT_SECONDS": ("kafka_timeout_seconds", 4.0),
     "EOPIPE_REBALANCE_POLL_SECONDS": ("rebalance_poll_seconds", 3.0),
     "EOPIPE_HANGING_TRANSACTION_SECONDS": ("hanging_transaction_seconds", 15.0),
     "EOPIPE_AUTOSCALE_SECONDS": ("autoscale_seconds", 5.0),
@@ -70,6 +71,7 @@ def test_a_value_that_does_not_parse_names_its_variable(env, message):
 
 @pytest.mark.parametrize("env, message", [
     ({"EOPIPE_RESYNC_SECONDS": "0"}, "EOPIPE_RESYNC_SECONDS must be above 0"),
+    ({"EOPIPE_KAFKA_TIMEOUT_SECONDS": "0"}, "EOPIPE_KAFKA_TIMEOUT_SECONDS must be above 0"),
     ({"EOPIPE_NODE_LOST_SECONDS": "-1"}, "EOPIPE_NODE_LOST_SECONDS must be 0 (never act) or above"),
     ({"EOPIPE_LEADER_ELECTION": "true"}, "set POD_NAMESPACE"),
     ({"EOPIPE_LEADER_ELECTION": "true", "POD_NAMESPACE": "ops", "EOPIPE_RENEW_DEADLINE_SECONDS": "15"},

@@ -22,6 +22,8 @@ class Settings:
     # event-driven; a running rebalance is stepped every rebalance_poll_seconds.
     resync_seconds: float = 60.0
     delete_attempts: int = 5                   # tries to delete topics before the finalizer lets go
+    # How long one Kafka admin call of a pass (metadata, describe, create, delete) may take.
+    kafka_timeout_seconds: float = 15.0
     # While a rebalance runs, one reconcile pass keeps stepping it for up to this long (then the
     # periodic resync continues it), so a handoff does not wait a whole resync interval per step.
     rebalance_poll_seconds: float = 10.0
@@ -60,6 +62,8 @@ class Settings:
         """One clear error for a configuration that cannot work."""
         if self.resync_seconds <= 0:
             raise ValueError("EOPIPE_RESYNC_SECONDS must be above 0")
+        if self.kafka_timeout_seconds <= 0:
+            raise ValueError("EOPIPE_KAFKA_TIMEOUT_SECONDS must be above 0")
         if self.node_lost_seconds < 0:
             raise ValueError("EOPIPE_NODE_LOST_SECONDS must be 0 (never act) or above")
         if self.leader_election:
@@ -87,6 +91,7 @@ class Settings:
                    spark_image=environ.get("EOPIPE_SPARK_IMAGE", d.spark_image),
                    resync_seconds=num("EOPIPE_RESYNC_SECONDS", d.resync_seconds),
                    delete_attempts=num("EOPIPE_DELETE_ATTEMPTS", d.delete_attempts, int),
+                   kafka_timeout_seconds=num("EOPIPE_KAFKA_TIMEOUT_SECONDS", d.kafka_timeout_seconds),
                    rebalance_poll_seconds=num("EOPIPE_REBALANCE_POLL_SECONDS", d.rebalance_poll_seconds),
                    hanging_transaction_seconds=num("EOPIPE_HANGING_TRANSACTION_SECONDS",
                                                    d.hanging_transaction_seconds),
