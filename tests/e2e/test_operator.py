@@ -30,11 +30,31 @@ from tests.helpers.pipelines import (
 pytestmark = [pytest.mark.k8s, pytest.mark.kafka]
 
 def test_minimal_pipeline_becomes_ready(operator, kube_api, kafka_bootstrap, k8s_namespace):
+    """In a namespace whose PodSecurity admission enforces `restricted`: the pods the StatefulSet
+    controller creates are admitted, and the live pod carries the production defaults and the
+    spec's pod template and image pull secrets (docs/operations.md#pod-defaults)."""
+    from tests.helpers.podsecurity import restrict_namespace
+
     ns, cp = k8s_namespace, operator.cp
-    doc = example_manifest("minimal.yaml", kafka_bootstrap, **{"source.topic": unique_topic("events", ns),
-                                                         "dedup.replicas": 2})
+    restrict_namespace(kube_api, ns)
+    core = client.CoreV1Api(kube_api)
+    # An image pull Secret reaches a pipeline only once opened to it (docs/security.md).
+    core.create_namespaced_secret(ns, {"metadata": {"name": "registry", "annotations": {OPT_IN: "minimal"}},
+                                       "type": "kubernetes.io/dockerconfigjson",
+                                       "stringData": {".dockerconfigjson": '{"auths": {}}'}})
+    doc = example_manifest("minimal.yaml", kafka_bootstrap, **{
+        "source.topic": unique_topic("events", ns), "dedup.replicas": 2,
+        "dedup.podTemplate": {"labels": {"team": "data"}, "env": [{"name": "TEAM", "value": "data"}]},
+        "imagePullSecrets": [{"name": "registry"}]})
     kubectl_apply(cp, ns, doc)
-    obj = wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 180, what="Ready=True")
+
+    def ready():
+        refused = [e.message for e in core.list_namespaced_event(
+            ns, field_selector="involvedObject.name=minimal-dedup").items if e.reason == "FailedCreate"]
+        if refused:
+            raise AssertionError(f"the StatefulSet's pod was refused: {refused[0]}")
+        return ready_pipeline(kube_api, ns, "minimal")
+    obj = wait_for(ready, 180, what="Ready=True in a namespace enforcing the restricted standard")
     assert obj["status"]["phase"] == "Running"
     assert {c["type"] for c in obj["status"]["conditions"]} >= {
         "Ready", "Reconciling", "Stalled", "TopicsReady", "DedupReady", "ProcessingReady"}
@@ -69,9 +89,19 @@ def test_minimal_pipeline_becomes_ready(operator, kube_api, kafka_bootstrap, k8s
                    what="status.lag")
     assert obj["status"]["lag"] == {"dedup": 0}
 
-    events = client.CoreV1Api(kube_api).list_namespaced_event(
-        ns, field_selector="involvedObject.name=minimal").items
+    events = core.list_namespaced_event(ns, field_selector="involvedObject.name=minimal").items
     assert any(e.reason == "Running" for e in events), [e.reason for e in events]
+
+    pod = core.read_namespaced_pod("minimal-dedup-0", ns)
+    assert pod.spec.security_context.seccomp_profile.type == "RuntimeDefault"
+    assert (pod.spec.security_context.run_as_user, pod.spec.security_context.run_as_non_root) == (10001, True)
+    c = pod.spec.containers[0]
+    assert c.security_context.read_only_root_filesystem is True and c.security_context.capabilities.drop == ["ALL"]
+    assert c.resources.requests == {"cpu": "250m", "memory": "512Mi"} and c.resources.limits == {"memory": "1Gi"}
+    assert c.args[c.args.index("--memory-mb") + 1] == "409"
+    assert pod.metadata.labels["team"] == "data"
+    assert {"TEAM": "data"}.items() <= {e.name: e.value for e in c.env}.items()
+    assert [s.name for s in pod.spec.image_pull_secrets] == ["registry"]
 
 
 @pytest.mark.parametrize("over, message", [
@@ -331,45 +361,6 @@ def test_operator_restart_continues(operator, kube_api, kafka_bootstrap, k8s_nam
     obj = wait_for(lambda: (o := ready_pipeline(kube_api, ns, "minimal")) and o["status"]["readyReplicas"] == 2 and o,
                    180, what="Ready with 2 replicas after the restart")
     assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
-
-
-def test_dedup_pods_run_in_a_namespace_that_enforces_the_restricted_standard(
-        operator, kube_api, kafka_bootstrap, k8s_namespace):
-    """The PodSecurity admission plugin enforcing `restricted` admits the pods the StatefulSet
-    controller creates, and the pipeline becomes Ready; the live pod carries the production
-    defaults and the spec's pod template and image pull secrets (docs/operations.md#pod-defaults)."""
-    from tests.helpers.podsecurity import restrict_namespace
-
-    ns, cp = k8s_namespace, operator.cp
-    restrict_namespace(kube_api, ns)
-    core = client.CoreV1Api(kube_api)
-    # An image pull Secret reaches a pipeline only once opened to it (docs/security.md).
-    core.create_namespaced_secret(ns, {"metadata": {"name": "registry", "annotations": {OPT_IN: "minimal"}},
-                                       "type": "kubernetes.io/dockerconfigjson",
-                                       "stringData": {".dockerconfigjson": '{"auths": {}}'}})
-    doc = example_manifest("minimal.yaml", kafka_bootstrap, **{
-        "source.topic": unique_topic("restricted", ns),
-        "dedup.podTemplate": {"labels": {"team": "data"}, "env": [{"name": "TEAM", "value": "data"}]},
-        "imagePullSecrets": [{"name": "registry"}]})
-    kubectl_apply(cp, ns, doc)
-
-    def ready():
-        refused = [e.message for e in core.list_namespaced_event(
-            ns, field_selector="involvedObject.name=minimal-dedup").items if e.reason == "FailedCreate"]
-        if refused:
-            raise AssertionError(f"the StatefulSet's pod was refused: {refused[0]}")
-        return ready_pipeline(kube_api, ns, "minimal")
-    wait_for(ready, 180, what="Ready=True in a namespace enforcing the restricted standard")
-
-    pod = core.read_namespaced_pod("minimal-dedup-0", ns)
-    assert pod.spec.security_context.seccomp_profile.type == "RuntimeDefault"
-    assert (pod.spec.security_context.run_as_user, pod.spec.security_context.run_as_non_root) == (10001, True)
-    c = pod.spec.containers[0]
-    assert c.security_context.read_only_root_filesystem is True and c.security_context.capabilities.drop == ["ALL"]
-    assert c.resources.requests == {"cpu": "250m", "memory": "512Mi"} and c.resources.limits == {"memory": "1Gi"}
-    assert c.args[c.args.index("--memory-mb") + 1] == "409"
-    assert pod.metadata.labels["team"] == "data" and {"TEAM": "data"}.items() <= {e.name: e.value for e in c.env}.items()
-    assert [s.name for s in pod.spec.image_pull_secrets] == ["registry"]
 
 
 def test_spark_application_state_maps_to_processing_ready(operator, kube_api, kafka_bootstrap, k8s_namespace):

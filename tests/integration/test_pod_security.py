@@ -3,7 +3,7 @@
 the pods the operator's objects lead to. Server-side dry runs: every admission plugin runs,
 nothing is stored and nothing runs. The operator's own pod (the chart's Deployment) is checked
 in test_chart.py, the dedup pods created by the StatefulSet controller in
-tests/e2e/test_operator.py."""
+tests/e2e/test_operator.py (test_minimal_pipeline_becomes_ready)."""
 
 from __future__ import annotations
 
