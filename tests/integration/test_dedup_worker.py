@@ -173,30 +173,6 @@ def test_crash_between_kafka_commit_and_rocksdb_write(pipe):
     assert rep.out == res["unique"]
 
 
-def test_rebuild_when_state_dir_deleted(pipe):
-    w = pipe.worker([0, 1, 2]).start().wait_ready()
-    stats = pipe.load(8000, seed=4)
-    pipe.wait_drained()
-    assert w.terminate() == 0
-    import shutil
-
-    shutil.rmtree(w.state_dir)
-    w.start().wait_ready()
-    rec = [d for d in recoveries(w) if d["recovery"] == "rebuild"]
-    assert {d["partition"] for d in rec} == {0, 1, 2}
-    assert sum(d["replayed"] for d in rec) >= 8000
-    m = w.metrics()
-    assert metric_sum(m, "eopipe_dedup_rebuilds_total") == 3
-    assert metric_sum(m, "eopipe_dedup_state_keys") > 0
-    resend_all(pipe)  # all old keys again: the rebuilt state must know every one
-    stats2 = pipe.load(2000, seed=5)
-    pipe.wait_drained()
-    assert w.terminate() == 0
-    rep = pipe.verify()
-    assert_clean(rep)
-    assert rep.out == rep.unique_in == stats["unique"] + stats2["unique"]
-
-
 def test_two_workers_for_the_same_partitions_older_is_fenced(pipe):
     a = pipe.worker([0, 1, 2], state="a").start().wait_ready()
     t, res = background_load(pipe, 40_000, dup_ratio=0.3, rate=8000, seed=6)

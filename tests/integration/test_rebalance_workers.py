@@ -14,7 +14,7 @@ import pytest
 
 from eopipe.core.assignment import Assignment, Handoff
 from tests.helpers.rebalance import reshard, running_at, wait_until, write_assignment
-from tests.helpers.workers import Pipeline, assert_clean, background_load, finish_load, recoveries
+from tests.helpers.workers import Pipeline, assert_clean, background_load, finish_load, metric_sum, recoveries
 
 pytestmark = pytest.mark.kafka
 
@@ -109,6 +109,10 @@ def test_worker_reshard_4_to_8_to_12_with_duplicates_spanning(pipe4):
     b.start().wait_ready(180)
     rebuilt = {d["partition"] for d in recoveries(b) if d["recovery"] == "rebuild"}
     assert rebuilt == set(b.status()["owned"]) and rebuilt & set(range(4, 8))
+    # The restarted process counts one rebuild per owned partition, from records it scanned.
+    m = b.metrics()
+    assert metric_sum(m, "eopipe_dedup_rebuilds_total") == len(b.status()["owned"]), m
+    assert metric_sum(m, "eopipe_dedup_replayed_total") > 0 and metric_sum(m, "eopipe_dedup_state_keys") > 0, m
     assert resend_all(pipe) > 0
     pipe.wait_drained()
     owners, hist = reshard(pipe, workers, owners, 12, 4, hist)
