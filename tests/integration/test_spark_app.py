@@ -383,28 +383,38 @@ def test_driver_sigkills_mid_batch_a_lost_checkpoint_and_a_replayed_committed_ba
     # between a batch's first run and its replay, so a sink that named its units by task index
     # lost and duplicated rows here (sink_units.py).
     t = Topics(kafka_bootstrap, partitions=4)
-    # 40 s of load: it outlasts the three kills and restarts, so the last run has batches to plan.
+    # 40 s of load: it outlasts the kills and restarts, so the last run has batches to plan.
     load = _background_load(kafka_bootstrap, t.source, 6000, rate=150, seed=23)
     # Each task sleeps before its commit, so the kills below land inside open transactions.
     d = spark_driver(t.config(tmp_path), EOPIPE_SPARK_TEST_COMMIT_DELAY="0.7")
     d.wait_running()
     ck = tmp_path / "checkpoint"
-    mid_transaction = 0
-    for kill in range(3):
-        if kill == 2:
-            _wait_for_output(kafka_bootstrap, t.sink, 1, timeout=120)  # markers to start from
+
+    def kill_in_a_transaction() -> bool:
+        """SIGKILL once a transaction is open; whether it still was just before the kill."""
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and not _open_transaction(kafka_bootstrap, t.sink):
             time.sleep(0.05)
-        mid_transaction += _open_transaction(kafka_bootstrap, t.sink)
+        hit = _open_transaction(kafka_bootstrap, t.sink)
         d.kill()
-        if kill == 2:
-            # The checkpoint lost too (a deleted claim): the new run starts where the sink's
-            # markers say each source partition's output ends, not from the earliest offset.
-            shutil.rmtree(ck)
+        return hit
+
+    # A kill inside an open transaction, its replay planned from the checkpoint's offset log (a
+    # second try if the transaction committed just before the kill: one kill that lands is the proof).
+    for _ in range(2):
+        hit = kill_in_a_transaction()
         d.start()
         d.wait_running()
-    assert mid_transaction >= 2, "the kills did not land inside open transactions"
+        if hit:
+            break
+    assert hit, "the kills did not land inside open transactions"
+    # Then the checkpoint lost too (a deleted claim): the new run starts where the sink's markers
+    # say each source partition's output ends, not from the earliest offset.
+    _wait_for_output(kafka_bootstrap, t.sink, 1, timeout=120)  # markers to start from
+    kill_in_a_transaction()
+    shutil.rmtree(ck)
+    d.start()
+    d.wait_running()
     assert "starting where the sink's markers say its output ends" in d.log_text(), d.tail(30)
     stats = _join_load(load)
     _wait_for_output(kafka_bootstrap, t.sink, stats["unique"], timeout=120)
