@@ -15,7 +15,7 @@ pytestmark = pytest.mark.kafka
 
 AUTOSCALE = {"minReplicas": 1, "maxReplicas": 3, "targetLagPerReplica": 200,
              "targetRecordsPerSecondPerReplica": 300, "scaleUpStabilization": "0s",
-             "scaleDownStabilization": "20s", "maxStep": 2}
+             "scaleDownStabilization": "10s", "maxStep": 2}
 
 
 @pytest.mark.k8s
