@@ -18,15 +18,26 @@ def lag(sample: Sample) -> int:
     return sum(e - max(c, 0) for c, e in zip(committed, ends))
 
 
+def steady_bound(samples: list[Sample], lost_at: float, steady_from: float) -> float | None:
+    """The lag the pipeline is held to after the loss: what it was before (the samples from
+    `steady_from` to the loss), at or below its p95 then, or one second of the source's rate then
+    if that is more (a p95 of a few quiet seconds is no bound to hold a pipeline to)."""
+    steady = [s for s in samples if steady_from <= s[0] < lost_at]
+    if not steady:
+        return None
+    span = steady[-1][0] - steady[0][0]
+    rate = (sum(steady[-1][2]) - sum(steady[0][2])) / span if span > 0 else 0.0
+    return max(percentile(sorted(lag(s) for s in steady), 0.95), rate, 1)
+
+
 def recovered_after(samples: list[Sample], lost_at: float, steady_from: float) -> float | None:
     """Seconds from `lost_at` until the pipeline was back to full rate: every partition had
-    committed what the source held at the loss, and the lag was back at or below the p95 of the
-    steady lag (the samples from `steady_from` to the loss). None when that never happened."""
-    steady = sorted(lag(s) for s in samples if steady_from <= s[0] < lost_at)
+    committed what the source held at the loss, and the lag was within steady_bound. None when
+    that never happened."""
+    bound = steady_bound(samples, lost_at, steady_from)
     before = [s for s in samples if s[0] <= lost_at]
-    if not steady or not before:
+    if bound is None or not before:
         return None
-    bound = max(percentile(steady, 0.95), 1)
     ends_at_loss = before[-1][2]
     for s in samples:
         if s[0] > lost_at and lag(s) <= bound and all(c >= e for c, e in zip(s[1], ends_at_loss)):

@@ -46,9 +46,16 @@ def stalled(t0, t1, frozen_at, part=0, parts=2):
      steady(0, 10) + stalled(10, 20, 10) + stalled(20, 24, 15) + steady(24, 40), 10.0, 14.0),
     ("never back", steady(0, 10) + stalled(10, 40, 10), 10.0, None),
     ("no samples before the loss", steady(10, 20), 5.0, None),
-    # a lag that was 0 all along: the bound is 1 record, not 0
-    ("steady lag 0", [(t, [t * 10] * 2, [t * 10] * 2) for t in range(10)] + stalled(10, 15, 10)
-     + [(t, [t * 10] * 2, [t * 10 + 1] * 2) for t in range(15, 20)], 10.0, None),
+    # a lag that was 0 all along: the bound is one second of the source's rate (20 records here)
+    ("steady lag 0, back within a second's records",
+     [(t, [t * 10] * 2, [t * 10] * 2) for t in range(10)] + stalled(10, 15, 10)
+     + [(t, [t * 10] * 2, [t * 10 + 9] * 2) for t in range(15, 20)], 10.0, 5.0),
+    ("steady lag 0, a second's records still behind",
+     [(t, [t * 10] * 2, [t * 10] * 2) for t in range(10)] + stalled(10, 15, 10)
+     + [(t, [t * 10] * 2, [t * 10 + 11] * 2) for t in range(15, 20)], 10.0, None),
+    # a busy steady lag above a second's records: its p95 is the bound
+    ("steady lag above the rate", steady(0, 10, behind=30) + stalled(10, 20, 10) + steady(20, 30, behind=30),
+     10.0, 10.0),
 ])
 def test_recovered_after(name, samples, lost_at, expected):
     assert recovered_after(samples, lost_at, steady_from=0.0) == expected, name
@@ -72,4 +79,4 @@ def test_table_prints_every_row_and_a_dash_for_none():
     text = table({"not_ready_s": 45.2, "pods_ready_s": 70.0, "threshold_s": 10, "full_rate_s": None,
                   "drain_pause_s": 28.04, "drain_s": 24.0})
     assert "NotReady" in text and "45.2" in text and "28.0" in text and "operator threshold 10 s" in text
-    assert [ln.split()[-4:] for ln in text.splitlines() if "full rate" in ln] == [["-", "goal", "60", "s"]]
+    assert [ln.split()[6:9] for ln in text.splitlines() if "full rate" in ln] == [["-", "goal", "60"]]
