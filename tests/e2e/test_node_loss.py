@@ -46,6 +46,7 @@ from tests.helpers.nodetier import (
 pytestmark = NODE_TESTS
 
 THRESHOLD_SECONDS = 10  # the operator's nodeLoss.thresholdSeconds here (its default is 60)
+RATE = 400  # records/s of the load
 # A namespace of its own: a pipeline's topics outlive it (deletionPolicy Retain), and another
 # test's pipeline of the same name and namespace would find this one's Spark commit markers.
 NS, NAME = "node-loss", "payments"
@@ -128,7 +129,7 @@ def _sampler(ns: str, name: str, src: str) -> subprocess.Popen:
 def _timings(samples: list, at: dict[str, float]) -> dict:
     """What bench.node_faults reports, from the test's wall-clock marks and the samples."""
     pause, partition = longest_pause(samples, at["drain"], at["drained"])
-    return {"threshold_s": THRESHOLD_SECONDS, "samples": len(samples),
+    return {"threshold_s": THRESHOLD_SECONDS, "rate": RATE, "samples": len(samples),
             "sample_every_s": (samples[-1][0] - samples[0][0]) / max(1, len(samples) - 1),
             "not_ready_s": at["not_ready"] - at["lost"], "pods_ready_s": at["pods_ready"] - at["lost"],
             "pipeline_ready_s": at["ready"] - at["lost"],
@@ -184,7 +185,7 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
     assert poison.returncode == 0, poison.stderr
     sampler = _sampler(ns, name, src)
     at = {"load": time.time()}  # wall clock: the sampler's clock too
-    load = start_load(src, "1000000", "400", "41")
+    load = start_load(src, "1000000", str(RATE), "41")
     try:
         time.sleep(10)
         lost_nodes.append(victim)

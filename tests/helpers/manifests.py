@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -41,3 +43,17 @@ def differences(want, live, path=""):
             yield from differences(a, b, f"{path}[{i}]")
     elif want != live:
         yield f"{path}: rendered {want!r}, applied {live!r}"
+
+
+def validate(*paths: Path) -> subprocess.CompletedProcess:
+    """`eopipe validate` of these files in one process (it checks each file on its own)."""
+    return subprocess.run([sys.executable, "-m", "eopipe.tools.cli", "validate", *map(str, paths)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def lines_about(stdout: str, path: Path) -> list[str]:
+    """What one run of `eopipe validate` over many files said of `path`: at least one line, and
+    none that calls it valid."""
+    said = [line for line in stdout.splitlines() if line.startswith(f"{path}:")]
+    assert said and not any(line.endswith(": valid") for line in said), stdout
+    return said

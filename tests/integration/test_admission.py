@@ -5,8 +5,6 @@ says what the API server says."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ import yaml
 from eopipe.core.manifest import ROOT_RULES
 from eopipe.core.names import MAX_PIPELINE_NAME
 from eopipe.core.spec import IMMUTABLE
-from tests.helpers.manifests import changed, example
+from tests.helpers.manifests import changed, example, lines_about, validate
 from tests.helpers.pipelines import REPO, kubectl_apply
 
 pytestmark = pytest.mark.k8s
@@ -25,11 +23,6 @@ EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
 
 def _doc(name: str = "minimal.yaml", **over) -> dict:
     return changed(example(name), **over)
-
-
-def validate(*paths: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eopipe.tools.cli", "validate", *map(str, paths)],
-                          capture_output=True, text=True, timeout=60)
 
 
 def test_a_name_too_long_for_the_derived_names_is_refused(crds, k8s_namespace):
@@ -104,8 +97,7 @@ BREAKS = [
 
 def test_validate_passes_the_examples_the_api_server_accepts(crds, k8s_namespace):
     pipelines = [e for e in EXAMPLES if "argocd" not in e]  # a file without a pipeline is refused
-    res = subprocess.run([sys.executable, "-m", "eopipe.tools.cli", "validate",
-                          *(str(REPO / "examples" / e) for e in pipelines)], capture_output=True, text=True, timeout=60)
+    res = validate(*(REPO / "examples" / e for e in pipelines))
     assert res.returncode == 0, res.stdout + res.stderr
     for name in EXAMPLES:
         for doc in yaml.safe_load_all((REPO / "examples" / name).read_text()):
@@ -134,8 +126,7 @@ def test_validate_says_what_the_api_server_says(crds, k8s_namespace, validated_b
     doc = _doc(name, **{path: value})
     files, stdout = validated_breaks
     f = files[i]
-    # This file's lines, each a problem (a `valid` line has no line number and fails _messages).
-    messages = _messages("\n".join(line for line in stdout.splitlines() if line.startswith(f"{f}:")), f, doc)
+    messages = _messages("\n".join(lines_about(stdout, f)), f, doc)
     refused = kubectl_apply(crds, k8s_namespace, doc, check=False)
     assert refused.returncode != 0
     for message in messages:

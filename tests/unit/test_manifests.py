@@ -24,7 +24,7 @@ from eopipe.core import manifest
 from eopipe.core.assignment import Assignment, assign
 from eopipe.core.names import MAX_PIPELINE_NAME, Names
 from eopipe.core.spec import IMMUTABLE, WINDOW_MESSAGE, PipelineSpec, immutable_changes
-from tests.helpers.manifests import EXAMPLES, changed, example
+from tests.helpers.manifests import EXAMPLES, changed, example, lines_about
 
 ROOT = Path(__file__).resolve().parents[2]
 EOPIPE = [sys.executable, "-m", "eopipe.tools.cli"]
@@ -99,8 +99,7 @@ def test_validate_says_what_the_api_server_says(validated_broken, i):
     path, value, message = BROKEN[i]
     files, stdout = validated_broken
     f = files[i]
-    said = [line for line in stdout.splitlines() if line.startswith(f"{f}:")]
-    assert said and not any(line.endswith(": valid") for line in said), stdout
+    said = lines_about(stdout, f)
     name = value if path == "metadata.name" and value else "minimal" if path != "metadata.name" else "(document 1)"
     # FILE:LINE: as a compiler says it, so an editor opens the file there.
     prefix = re.compile(rf"{re.escape(str(f))}:[0-9]+: ExactlyOncePipeline/{re.escape(name)}: ")

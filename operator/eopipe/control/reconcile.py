@@ -35,8 +35,8 @@ __all__ = ["Outcome", "Reconciler"]
 
 
 class Reconciler:
-    def __init__(self, api: client.ApiClient, settings: Settings, kafka_timeout: float | None = None):
-        kafka_timeout = settings.kafka_timeout_seconds if kafka_timeout is None else kafka_timeout
+    def __init__(self, api: client.ApiClient, settings: Settings):
+        kafka_timeout = settings.kafka_timeout_seconds
         core = client.CoreV1Api(api)
         applier = Applier(api)
         self.plane = Plane(api=api, core=core, applier=applier,
