@@ -46,6 +46,58 @@ def _pass(api: client.ApiClient, names: Names) -> Pass:
     return Pass(plane, names, {"metadata": {"namespace": names.namespace, "name": names.pipeline}}, Outcome())
 
 
+def _statefulset_pod_on(core: client.CoreV1Api, apps: client.AppsV1Api, names: Names, node: str):
+    """The pipeline's dedup StatefulSet of one pod, bound to `node` as the scheduler would, its
+    claim bound to a local volume there (named after the node). Returns the pod and its claim's
+    name and uid."""
+    k8s_namespace = names.namespace
+    labels = names.labels("dedup")
+    apps.create_namespaced_stateful_set(k8s_namespace, {
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": names.dedup, "labels": labels},
+        "spec": {"replicas": 1, "serviceName": names.dedup, "podManagementPolicy": "Parallel",
+                 "selector": {"matchLabels": names.selector("dedup")},
+                 # No scheduler serves this name: the test binds the pod itself, whatever
+                 # nodes other tests left on the shared control plane (eopipe-node-0).
+                 "template": {"metadata": {"labels": labels}, "spec": {
+                     "schedulerName": "eopipe-test-binds-it", "containers": [
+                     {"name": "dedup", "image": "eopipe:never-runs",
+                      "volumeMounts": [{"name": STATE_VOLUME, "mountPath": "/state"}]}]}},
+                 # No class: bound only to the local volume below, never provisioned (the
+                 # process tier's node agent, if another test started it, provisions its class).
+                 "volumeClaimTemplates": [{"metadata": {"name": STATE_VOLUME}, "spec": {
+                     "storageClassName": "", "accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "1Mi"}}}}]}})
+    pod_name, claim_name = f"{names.dedup}-0", f"{STATE_VOLUME}-{names.dedup}-0"
+    pod = _wait("the StatefulSet's pod", lambda: next(iter(core.list_namespaced_pod(
+        k8s_namespace, field_selector=f"metadata.name={pod_name}").items), None))
+    # As the scheduler and the volume binder would have done for a local volume: the pod
+    # bound to the node, the claim to a volume there.
+    core.create_namespaced_pod_binding(pod_name, k8s_namespace, client.V1Binding(
+        metadata=client.V1ObjectMeta(name=pod_name),
+        target=client.V1ObjectReference(api_version="v1", kind="Node", name=node)), _preload_content=False)
+    claim_uid = core.read_namespaced_persistent_volume_claim(claim_name, k8s_namespace).metadata.uid
+    core.create_persistent_volume({
+        "metadata": {"name": node}, "spec": {
+            "capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
+            "persistentVolumeReclaimPolicy": "Retain", "local": {"path": "/nonexistent"},
+            "claimRef": {"namespace": k8s_namespace, "name": claim_name, "uid": claim_uid},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}})
+    _wait("the claim bound to the local volume", lambda: core.read_namespaced_persistent_volume_claim(
+        claim_name, k8s_namespace).spec.volume_name or None)
+    return pod, claim_name, claim_uid
+
+
+def _remove_node(core: client.CoreV1Api, node: str) -> None:
+    """The Node and the local volume named after it (if the test got as far as making it)."""
+    core.delete_node(node)
+    try:
+        core.delete_persistent_volume(node)
+    except client.ApiException as e:
+        if e.status != 404:
+            raise
+
+
 @pytest.mark.k8s
 def test_a_pod_on_a_lost_node_and_its_local_claim_are_replaced(kube_api, k8s_namespace):
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
@@ -55,40 +107,8 @@ def test_a_pod_on_a_lost_node_and_its_local_claim_are_replaced(kube_api, k8s_nam
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=lost, labels={"kubernetes.io/hostname": lost})))
     try:
         _node(core, lost, "Unknown", datetime.now(timezone.utc) - timedelta(minutes=10))
-        labels = names.labels("dedup")
-        apps.create_namespaced_stateful_set(k8s_namespace, {
-            "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": names.dedup, "labels": labels},
-            "spec": {"replicas": 1, "serviceName": names.dedup, "podManagementPolicy": "Parallel",
-                     "selector": {"matchLabels": names.selector("dedup")},
-                     # No scheduler serves this name: the test binds the pod itself, whatever
-                     # nodes other tests left on the shared control plane (eopipe-node-0).
-                     "template": {"metadata": {"labels": labels}, "spec": {
-                         "schedulerName": "eopipe-test-binds-it", "containers": [
-                         {"name": "dedup", "image": "eopipe:never-runs",
-                          "volumeMounts": [{"name": STATE_VOLUME, "mountPath": "/state"}]}]}},
-                     # No class: bound only to the local volume below, never provisioned (the
-                     # process tier's node agent, if another test started it, provisions its class).
-                     "volumeClaimTemplates": [{"metadata": {"name": STATE_VOLUME}, "spec": {
-                         "storageClassName": "", "accessModes": ["ReadWriteOnce"],
-                         "resources": {"requests": {"storage": "1Mi"}}}}]}})
-        pod_name, claim_name = f"{names.dedup}-0", f"{STATE_VOLUME}-{names.dedup}-0"
-        pod = _wait("the StatefulSet's pod", lambda: next(iter(core.list_namespaced_pod(
-            k8s_namespace, field_selector=f"metadata.name={pod_name}").items), None))
-        # As the scheduler and the volume binder would have done for a local volume: the pod
-        # bound to the node, the claim to a volume there.
-        core.create_namespaced_pod_binding(pod_name, k8s_namespace, client.V1Binding(
-            metadata=client.V1ObjectMeta(name=pod_name),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=lost)), _preload_content=False)
-        claim_uid = core.read_namespaced_persistent_volume_claim(claim_name, k8s_namespace).metadata.uid
-        core.create_persistent_volume({
-            "metadata": {"name": lost}, "spec": {
-                "capacity": {"storage": "1Mi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "",
-                "persistentVolumeReclaimPolicy": "Retain", "local": {"path": "/nonexistent"},
-                "claimRef": {"namespace": k8s_namespace, "name": claim_name, "uid": claim_uid},
-                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [lost]}]}]}}}})
-        _wait("the claim bound to the local volume", lambda: core.read_namespaced_persistent_volume_claim(
-            claim_name, k8s_namespace).spec.volume_name or None)
+        pod, claim_name, claim_uid = _statefulset_pod_on(core, apps, names, lost)
+        pod_name, labels = pod.metadata.name, names.labels("dedup")
         # A pod of the tenant's with the dedup labels on the same node: not the StatefulSet's.
         core.create_namespaced_pod(k8s_namespace, {
             "metadata": {"name": "decoy", "labels": labels}, "spec": {
@@ -123,9 +143,32 @@ def test_a_pod_on_a_lost_node_and_its_local_claim_are_replaced(kube_api, k8s_nam
         p = _pass(kube_api, names)
         assert stage_nodes.run(p) is None and not p.out.events
     finally:
-        core.delete_node(lost)
-        try:
-            core.delete_persistent_volume(lost)
-        except client.ApiException as e:
-            if e.status != 404:
-                raise
+        _remove_node(core, lost)
+
+
+@pytest.mark.k8s
+def test_a_pod_on_a_cordoned_node_is_deleted_gracefully(kube_api, k8s_namespace):
+    """The pod a drain waits for (its budget allows no eviction) is the operator's to delete:
+    with a grace period, so that it commits and stops as on any stop; its claim is kept until its
+    replacement is pending on it."""
+    core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
+    ex = example_names()
+    names = Names(k8s_namespace, ex.pipeline, ex.spec)
+    node = f"eopipe-cordoned-{uuid.uuid4().hex[:6]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node, labels={"kubernetes.io/hostname": node}),
+                                   spec=client.V1NodeSpec(unschedulable=True)))
+    try:
+        _node(core, node, "True", datetime.now(timezone.utc) - timedelta(minutes=10))
+        pod, claim_name, claim_uid = _statefulset_pod_on(core, apps, names, node)
+        p = _pass(kube_api, names)
+        assert stage_nodes.draining(p) == {pod.metadata.name}
+        condition = stage_nodes.run(p)
+        assert (condition.type, condition.status, condition.reason) == ("DedupReady", False, "NodeDrained")
+        (kind, reason, message), = p.out.events
+        assert (kind, reason) == ("Warning", "NodeDrained") and f"deleted pod {pod.metadata.name}" in message
+        gone = core.read_namespaced_pod(pod.metadata.name, k8s_namespace)  # no kubelet: Terminating
+        assert gone.metadata.uid == pod.metadata.uid and gone.metadata.deletion_timestamp is not None
+        assert gone.metadata.deletion_grace_period_seconds == pod.spec.termination_grace_period_seconds > 0
+        assert core.read_namespaced_persistent_volume_claim(claim_name, k8s_namespace).metadata.uid == claim_uid
+    finally:
+        _remove_node(core, node)

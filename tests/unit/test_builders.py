@@ -240,3 +240,15 @@ def test_processing_settings_reach_the_spark_application_and_spark_app():
     assert "env" not in plain["executor"]["template"]["spec"]["containers"][0]
     assert plain["driver"]["serviceAccount"] == "payments-spark"
     assert "schema" in json.loads(plain["arguments"][1])  # payments.yaml declares its schema
+
+
+@pytest.mark.parametrize("replicas, drains, max_unavailable", [
+    (2, True, 0),   # the operator moves the partitions off a cordoned node, then deletes the pod
+    (3, True, 0),
+    (1, True, 1),   # no other pod to take them: the drain evicts it
+    (2, False, 1),  # node handling off (EOPIPE_NODE_LOST_SECONDS=0): nothing would delete it
+])
+def test_the_budget_leaves_a_drain_to_the_operator_only_when_it_acts(replicas, drains, max_unavailable):
+    pdb = dedup.pod_disruption_budget(example_names(), replicas, drains)
+    assert pdb["spec"]["maxUnavailable"] == max_unavailable
+    assert pdb["spec"]["selector"]["matchLabels"] == example_names().selector("dedup")

@@ -8,11 +8,13 @@ from eopipe.control.nodeloss import (
     HOSTNAME_LABEL,
     Claim,
     DeleteClaim,
+    DeletePod,
     Facts,
     ForceDeletePod,
     Node,
     Pod,
     decide,
+    draining,
     pinned_node,
 )
 
@@ -38,17 +40,17 @@ def cordoned(name):
     return Node(name, "True", NOW - 3_600_000, cordoned=True)
 
 
-def facts(*pods_claims, nodes=(), claims=None):
+def facts(*pods_claims, nodes=(), claims=None, rebalancing=False):
     pods = tuple(p for p, _ in pods_claims)
     found = {c.name: c for _, c in pods_claims} if claims is None else claims
-    return Facts(NOW, T, pods, found, {n.name: n for n in nodes})
+    return Facts(NOW, T, pods, found, {n.name: n for n in nodes}, rebalancing)
 
 
 def kinds(plan):
     return [(type(a).__name__, getattr(a, "pod", None), getattr(a, "claim", None)) for a in plan.actions]
 
 
-FD, DC = ForceDeletePod.__name__, DeleteClaim.__name__
+FD, DC, DP = ForceDeletePod.__name__, DeleteClaim.__name__, DeletePod.__name__
 
 CASES = {
     "all ready: nothing at all": (
@@ -96,8 +98,22 @@ CASES = {
     "drained: the replacement pending on a claim pinned to the cordoned node: claim, then pod": (
         facts(pod("d-0", "", local="n1"), nodes=[cordoned("n1"), ready("n2")]),
         [(DC, "d-0", "state-d-0"), (FD, "d-0", None)], "NodeDrained"),
-    "cordoned, the pod still running there (its eviction is the drain's, paced by the budget): nothing": (
-        facts(pod("d-0", "n1", local="n1"), nodes=[cordoned("n1")]), [], None),
+    "cordoned, the pod still running there with partitions (the rebalance moves them first): nothing": (
+        facts(pod("d-0", "n1", local="n1"), pod("d-1", "n2"), nodes=[cordoned("n1"), ready("n2")]), [], None),
+    "cordoned, the pod there owns nothing and no rebalance runs: deleted": (
+        facts(pod("d-0", "n1", local="n1", partitions=()), pod("d-1", "n2"), nodes=[cordoned("n1"), ready("n2")]),
+        [(DP, "d-0", None)], "NodeDrained"),
+    "cordoned, the pod there owns nothing but a rebalance runs: nothing yet": (
+        facts(pod("d-0", "n1", partitions=()), pod("d-1", "n2"), nodes=[cordoned("n1"), ready("n2")],
+              rebalancing=True), [], None),
+    "every pod on a cordoned node (nothing can take their partitions): the first deleted": (
+        facts(pod("d-0", "n1", local="n1"), pod("d-1", "n2", local="n2"), nodes=[cordoned("n1"), cordoned("n2")]),
+        [(DP, "d-0", None)], "NodeDrained"),
+    "every pod on a cordoned node, one already away (pending there): its claim and it only": (
+        facts(pod("d-0", "", local="n1"), pod("d-1", "n1", local="n1"), nodes=[cordoned("n1")]),
+        [(DC, "d-0", "state-d-0"), (FD, "d-0", None)], "NodeDrained"),
+    "the only pod on a cordoned node: deleted (its budget lets the drain evict it too)": (
+        facts(pod("d-0", "n1"), nodes=[cordoned("n1")]), [(DP, "d-0", None)], "NodeDrained"),
     "the replacement pending on a claim pinned to a Ready node that takes pods: nothing": (
         facts(pod("d-0", "", local="n1"), nodes=[ready("n1")]), [], None),
     "cordoned and lost: lost wins the reason": (
@@ -163,27 +179,32 @@ def test_pinned_node(terms, want):
     assert pinned_node(terms) == want
 
 
-@pytest.mark.parametrize("ready, reads", [
-    ((True, True), False),   # every dedup pod Ready: no node is lost, nothing is read
-    ((True, False), True),   # a NotReady pod (its node stopped reporting?): the nodes are read
-    ((), True),              # no pods observed: read
-])
-def test_the_stage_reads_nodes_only_when_a_dedup_pod_is_not_ready(ready, reads):
+def test_draining_is_the_pods_running_on_a_ready_cordoned_node():
+    f = facts(pod("d-0", "n1"), pod("d-1", "n1", deleting=True), pod("d-2", "n2"), pod("d-3", ""), pod("d-4", "n3"),
+              nodes=[cordoned("n1"), ready("n2"), Node("n3", "Unknown", NOW - 10 * T, cordoned=True)])
+    assert draining(f) == {"d-0"}
+
+
+@pytest.mark.parametrize("threshold, reads", [(60, 1), (0, 0)])
+def test_the_pass_reads_the_nodes_once(threshold, reads):
+    """The dedup stage asks for the draining pods first, the node stage decides after it: one read
+    of the nodes a pass, none with node handling off."""
     from types import SimpleNamespace
 
     from eopipe.control import stage_nodes
     from eopipe.core.rebalancing import PodFacts
 
     class Observer:
-        called = False
+        calls = 0
 
         def node_loss(self, *a, **kw):
-            Observer.called = True
-            return Facts(0, 60_000, (), {}, {})
+            Observer.calls += 1
+            return facts(pod("d-0", "n1", partitions=()), pod("d-1", "n2"), nodes=[cordoned("n1"), ready("n2")])
 
-    pods = {f"d-{i}": PodFacts(f"d-{i}", ready=r) for i, r in enumerate(ready)}
-    p = SimpleNamespace(plane=SimpleNamespace(settings=SimpleNamespace(node_lost_seconds=60), observer=Observer()),
-                        facts=SimpleNamespace(pods=pods, assignment=None), names=None,
-                        out=SimpleNamespace(events=[], fields={}))
-    assert stage_nodes.run(p) is None
-    assert Observer.called is reads
+    p = SimpleNamespace(plane=SimpleNamespace(settings=SimpleNamespace(node_lost_seconds=threshold),
+                                              observer=Observer(), core=None),
+                        facts=SimpleNamespace(pods={"d-0": PodFacts("d-0", ready=True)}, assignment=None),
+                        names=None, nodes=None, out=SimpleNamespace(events=[], fields={}, rebalancing="HandingOff"))
+    assert stage_nodes.draining(p) == ({"d-0"} if threshold else set())
+    assert stage_nodes.run(p) is None  # a rebalance runs: the emptied pod is not deleted yet
+    assert Observer.calls == reads

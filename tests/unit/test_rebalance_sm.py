@@ -71,12 +71,12 @@ def stored(rb: Rebalance | None) -> Rebalance | None:
     return Rebalance.parse(doc) if doc else None
 
 
-def drive(c: Cluster, replicas, partitions, crash_rate=0.0, seed=0, max_steps=60):
+def drive(c: Cluster, replicas, partitions, crash_rate=0.0, seed=0, max_steps=60, **facts):
     rng = random.Random(seed)
     rb, phases, events, last = None, [], [], None
     persisted = None
     for _ in range(max_steps):
-        plan = step(c.facts(replicas, partitions), rb)
+        plan = step(c.facts(replicas, partitions, **facts), rb)
         persisted = stored(plan.rebalance)  # what status holds (JSON round trip)
         events += plan.events
         if plan.last:
@@ -125,6 +125,47 @@ def test_scale_down_hands_off_before_the_pods_go():
         if rb is None:
             break
     assert replicas_seen[-1] == 2 and set(c.assignment.owners.values()) == {f"{PREFIX}-0", f"{PREFIX}-1"}
+
+
+def test_a_drained_pod_hands_its_partitions_over_and_gets_them_back_once_it_serves():
+    """Its node cordoned: its partitions go to the other pods by snapshot (same replicas), it keeps
+    running (control/nodeloss deletes it once it owns nothing); its replacement gains partitions
+    back only once it serves."""
+    c = Cluster(partitions=4, replicas=2)
+    gone = f"{PREFIX}-1"
+    had = set(c.assignment.partitions_of(gone))
+    phases, events, last = drive(c, 2, 4, draining=frozenset({gone}))
+    assert _collapse(phases) == ["HandingOff", "Finalizing"] and c.replicas == 2
+    handoff = next(a for a in c.published if a.handoffs)
+    assert len(had) == 2 and set(handoff.handoffs) == had
+    assert {h.source for h in handoff.handoffs.values()} == {gone}
+    assert set(c.assignment.owners.values()) == {f"{PREFIX}-0"} and last.snapshot == last.partitions_moved == 2
+    assert "moving the partitions of p-dedup-1 off its cordoned node" in events[0][2]
+    # Steady while it is cordoned.
+    assert step(c.facts(2, 4, draining=frozenset({gone})), None).rebalance is None
+
+    # The replacement, on another node, not serving yet: nothing moves to it.
+    facts = c.facts(2, 4)
+    facts.pods[gone] = PodFacts(gone, "127.0.1.9", False, None)
+    plan = step(facts, None)
+    assert plan.rebalance is None and plan.assignment == c.assignment
+    assert plan.message == f"waiting for {gone} to serve before moving partitions to it"
+    # Serving: two partitions back, by snapshot from p-dedup-0.
+    phases, events, last = drive(c, 2, 4)
+    assert set(c.assignment.owners.values()) == {f"{PREFIX}-0", gone} and last.snapshot == 2
+
+
+def test_with_every_pod_draining_nothing_moves():
+    c = Cluster(partitions=4, replicas=2)
+    before = c.assignment
+    plan = step(c.facts(2, 4, draining=frozenset({f"{PREFIX}-0", f"{PREFIX}-1"})), None)
+    assert plan.rebalance is None and plan.assignment == before
+
+
+def test_a_scale_up_during_a_drain_gives_the_drained_pod_nothing():
+    c = Cluster(partitions=6, replicas=2)
+    drive(c, 3, 6, draining=frozenset({f"{PREFIX}-0"}))
+    assert set(c.assignment.owners.values()) == {f"{PREFIX}-1", f"{PREFIX}-2"}
 
 
 def test_partition_increase_pauses_creates_reshards_resumes():

@@ -22,12 +22,16 @@ record; what it costs is throughput while it lives, which is why a pod that stil
 /status with every partition running (its kubelet lost the API server, the pod did not lose
 its work) is left alone however long its node is NotReady.
 
-A drained node (`kubectl drain`: cordoned, then its pods evicted) is Ready but takes no pod:
-the evicted pod's replacement stays `Pending` on its claim pinned there for as long as the node
-is cordoned. So a pod not scheduled whose claim is pinned to a cordoned node has that claim
-and itself deleted at once, as for a lost node (NodeDrained): the StatefulSet makes both again
-on a node that takes pods. A pod still running on a cordoned node is left alone (the drain's
-eviction, which the PodDisruptionBudget paces, is what stops it).
+A drained node (`kubectl drain`: cordoned, then its pods evicted) is Ready but takes no pod.
+With two or more dedup pods the budget allows no eviction (maxUnavailable 0): a pod running on
+a cordoned node is `draining`, the rebalance hands its partitions to the other pods by snapshot
+(control/rebalance.py), and once it owns none and no rebalance runs, this plan deletes it
+(NodeDrained), which ends the drain's wait for it. When every pod is on a cordoned node nothing
+can take their partitions: one at a time is deleted as it is (its partitions pause until it
+is back). The replacement stays `Pending` on a claim pinned to the cordoned node: a pod not
+scheduled whose claim is pinned to a cordoned node has that claim and itself deleted at once,
+as for a lost node (NodeDrained), and the StatefulSet makes both again on a node that takes
+pods, where the rebalance gives it partitions back once it serves.
 
 Never for a Ready node otherwise: a node that came back Ready, before or after the threshold,
 gets no action at all, nor do the claims pinned to it; nor does a node without a Ready
@@ -85,6 +89,7 @@ class Facts:
     pods: tuple[Pod, ...]
     claims: dict[str, Claim]  # by name; a claim not read (or gone) is absent
     nodes: dict[str, Node]  # by name; a node absent here does not exist
+    rebalancing: bool = False  # a rebalance runs (status.rebalance)
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,16 @@ class ForceDeletePod:
     node: str
     why: str
     reason: str = LOST_REASON  # of its event, and of the condition
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    """A graceful delete of a pod on a cordoned node (it commits and stops as on any stop)."""
+    pod: str
+    uid: str
+    node: str
+    why: str
+    reason: str = DRAINED_REASON
 
 
 @dataclass(frozen=True)
@@ -108,7 +123,7 @@ class DeleteClaim:
 
 @dataclass(frozen=True)
 class Plan:
-    actions: tuple[ForceDeletePod | DeleteClaim, ...] = ()
+    actions: tuple[ForceDeletePod | DeletePod | DeleteClaim, ...] = ()
     waiting: tuple[str, ...] = ()  # what is not acted on yet, one line each
 
     def condition(self) -> Condition | None:
@@ -147,8 +162,29 @@ def state(facts: Facts, name: str) -> tuple[str, str]:
     return (LOST if age >= facts.threshold_ms else WAITING), why
 
 
+def draining(facts: Facts) -> frozenset[str]:
+    """The pods running on a Ready, cordoned node (kubectl cordon or drain)."""
+    return frozenset(p.name for p in facts.pods if p.node and not p.deleting and state(facts, p.node)[0] == READY
+                     and facts.nodes[p.node].cordoned)
+
+
+def _drained(facts: Facts) -> list[DeletePod]:
+    """The pods to delete off cordoned nodes: each that owns no partition once no rebalance
+    runs; with every pod on one, the first of them, one at a time."""
+    if facts.rebalancing:
+        return []
+    on = draining(facts)
+    if on and on == {p.name for p in facts.pods} and all(p.node and not p.deleting for p in facts.pods):
+        pod = min((p for p in facts.pods if p.name in on), key=lambda p: p.name)
+        return [DeletePod(pod.name, pod.uid, pod.node, f"deleted pod {pod.name}: every dedup pod is on a cordoned "
+                          f"node (kubectl drain), so its partitions pause until it is back elsewhere")]
+    return [DeletePod(p.name, p.uid, p.node, f"deleted pod {p.name}: node {p.node} is cordoned (kubectl drain) "
+                      "and its partitions were handed to the other pods")
+            for p in sorted(facts.pods, key=lambda p: p.name) if p.name in on and not p.partitions]
+
+
 def decide(facts: Facts) -> Plan:
-    actions: list[ForceDeletePod | DeleteClaim] = []
+    actions: list[ForceDeletePod | DeletePod | DeleteClaim] = list(_drained(facts))
     waiting: list[str] = []
     limit = format_duration(facts.threshold_ms / 1000)
     for pod in sorted(facts.pods, key=lambda p: p.name):
@@ -195,5 +231,5 @@ def decide(facts: Facts) -> Plan:
                                           f"deleted pod {pod.name}{owns}, pending on a claim whose volume is on "
                                           f"{pinned_away}: the StatefulSet makes both again", reason))
     # Claims first: the replacement must not be made on the claim that pins it to the lost node.
-    actions.sort(key=lambda a: isinstance(a, ForceDeletePod))
+    actions.sort(key=lambda a: not isinstance(a, DeleteClaim))
     return Plan(tuple(actions), tuple(waiting))

@@ -10,6 +10,7 @@ from confluent_kafka.admin import AdminClient
 from kubernetes import client
 from pydantic import ValidationError
 
+from eopipe.control import nodeloss
 from eopipe.control.kube import Applier
 from eopipe.control.observe import Observer
 from eopipe.control.recorder import StatusRecorder
@@ -71,6 +72,7 @@ class Pass:
         self.plane, self.names, self.body, self.out = plane, names, body, out
         self._admin: AdminClient | None = None
         self.facts: Facts | None = None  # the dedup stage's last observation (stage_dedup)
+        self.nodes: nodeloss.Facts | None = None  # the dedup pods' nodes, read once (stage_nodes.observe)
 
     @property
     def meta(self) -> dict:

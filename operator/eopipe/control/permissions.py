@@ -64,11 +64,13 @@ API_ACCESS = (
     Access("", "serviceaccounts", APPLY, WATCHED, "the dedup pods' and the Spark driver's"),
     Access("", "persistentvolumeclaims", APPLY, WATCHED, "the Spark checkpoint volume"),
     Access("", "pods", ("delete",), WATCHED,
-           "node loss: a dedup pod on a lost node, force-deleted by uid (control/nodeloss.py)"),
+           "node loss: a dedup pod on a lost node, force-deleted by uid, or on a drained node once it owns "
+           "no partition, deleted by uid (control/nodeloss.py)"),
     Access("", "persistentvolumeclaims", ("list", "delete"), WATCHED,
            "node loss: a dedup pod's claim pinned to a lost node, deleted by uid (control/nodeloss.py); "
            "a deleted pipeline's dedup state claims, listed by label, deleted by uid (control/teardown.py)"),
-    Access("", "nodes", ("get",), CLUSTER, "node loss: the Ready condition of the dedup pods' nodes, by name"),
+    Access("", "nodes", ("get",), CLUSTER,
+           "node loss: the Ready condition and the cordon of the dedup pods' nodes, by name"),
     Access("", "persistentvolumes", ("get",), CLUSTER,
            "node loss: whether a dedup pod's volume is pinned to one node, by name"),
     Access("apps", "statefulsets", APPLY, WATCHED, "the dedup pods"),

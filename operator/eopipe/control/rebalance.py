@@ -83,6 +83,20 @@ def pods(prefix: str, n: int) -> list[str]:
     return [f"{prefix}-{i}" for i in range(n)]
 
 
+def _owners(f: Facts, n: int) -> list[str]:
+    """The pods that may own partitions: the first n, but those on a cordoned node while
+    another remains (with none left, they keep theirs: a drain of every node is paced by the
+    budget and control/nodeloss, one pod at a time)."""
+    every = pods(f.pod_prefix, max(1, n))
+    return [p for p in every if p not in f.draining] or every
+
+
+def _unready(f: Facts, a: Assignment, target: dict[int, str]) -> list[str]:
+    """The pods that would gain partitions but do not serve yet (not Ready, or no /status)."""
+    gaining = {dst for _src, dst in moves(a.owners, target).values()}
+    return sorted(n for n in gaining if not (n in f.pods and f.pods[n].ready and f.pods[n].status is not None))
+
+
 def _ps(ps) -> str:
     ps = sorted(int(p) for p in ps)
     return ", ".join(map(str, ps)) if ps else "none"
@@ -133,17 +147,24 @@ def _idle(f: Facts) -> Plan:
         msg = f"pausing the dedup stage to grow the source from {have} to {f.partitions} partitions"
         return Plan(rb, paused, R, have, events=[("Normal", "RebalanceStarted", f"{rb.label}: {msg}")],
                     message=msg)
-    target = assign(n, pods(f.pod_prefix, max(1, f.replicas)), a.owners)
+    target = assign(n, _owners(f, f.replicas), a.owners)
     if current_replicas == f.replicas and target == a.owners:
         if a.handoffs or a.paused or a.reshard:
             # Left over (no rebalance records it): nothing moves and no count changes, so this is
             # no rebalance (no RebalanceStarted, lastRebalance kept): publish it without them.
             a = a.with_(generation=a.generation + 1, handoffs={}, reshard=None, paused=False)
         return Plan(None, a, f.replicas, n)
+    if current_replicas == f.replicas and (unready := _unready(f, a, target)):
+        # Same pods, new owners (a drain began or a drained pod came back): a partition moves
+        # only to a pod that serves, so that its pause is the handoff's alone.
+        return Plan(None, a, f.replicas, n, message=f"waiting for {', '.join(unready)} to serve before "
+                    "moving partitions to it")
     rb = Rebalance(id=a.generation + 1, type=REPLICAS, phase=SCALING_UP,
                    from_replicas=current_replicas, to_replicas=f.replicas, from_partitions=n, to_partitions=n,
                    started_at=rfc3339(f.now_ms), started_at_ms=f.now_ms)
-    ev = ("Normal", "RebalanceStarted", f"{rb.label}: started")
+    off = sorted(set(a.owners.values()) & f.draining)
+    ev = ("Normal", "RebalanceStarted", f"{rb.label}: started"
+          + (f"; moving the partitions of {', '.join(off)} off its cordoned node" if off else ""))
     if f.replicas > current_replicas:
         plan = _scaling_up(f, rb)
     else:
@@ -173,7 +194,7 @@ def _scaling_up(f: Facts, rb: Rebalance) -> Plan:
 def _plan_handoff(f: Facts, rb: Rebalance) -> Plan:
     a = f.assignment
     n = a.partition_count or rb.from_partitions
-    target = assign(n, pods(f.pod_prefix, max(1, rb.to_replicas)), a.owners)
+    target = assign(n, _owners(f, rb.to_replicas), a.owners)
     mv = moves(a.owners, target)
     handoffs = {}
     for p, (src, _dst) in mv.items():

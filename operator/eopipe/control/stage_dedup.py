@@ -1,5 +1,5 @@
-"""The dedup stage: the rebalance state machine (control/rebalance.py) stepped from the facts,
-each step recorded in status before it acts; the autoscaler's count (control/autoscale.py); the
+"""The dedup stage: the rebalance state machine (control/rebalance.py) stepped from the facts
+(with the pods on cordoned nodes, stage_nodes.draining), each step recorded in status before it acts; the autoscaler's count (control/autoscale.py); the
 topics at the partition count the step wants (stage_topics); the dedup objects applied; the
 DedupReady condition. While a rebalance runs the stage keeps stepping for a few seconds."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from eopipe.control import autoscale, restores, stage_topics, tokens
+from eopipe.control import autoscale, restores, stage_nodes, stage_topics, tokens
 from eopipe.control import rebalance as rebalance_sm
 from eopipe.control.builders.pipeline import dedup_objects
 from eopipe.control.kube import ApplyError
@@ -45,6 +45,7 @@ def run(p: Pass) -> list[Condition]:
     last = p.status.get("lastRebalance")
     auto = p.status.get("autoscale")
     deadline = time.monotonic() + p.plane.settings.rebalance_poll_seconds
+    draining = None
     while True:
         conditions: list[Condition] = []
         try:
@@ -55,8 +56,10 @@ def run(p: Pass) -> list[Condition]:
             out.retry = True
             break
         p.facts = facts
+        if draining is None:  # once a pass: the nodes are read once (stage_nodes.observe)
+            draining = stage_nodes.draining(p)
         wanted, auto = _autoscale(p, facts, rb, auto)
-        plan = rebalance_sm.step(dataclasses.replace(facts, replicas=wanted), rb)
+        plan = rebalance_sm.step(dataclasses.replace(facts, replicas=wanted, draining=draining), rb)
         if plan.rebalance != rb or plan.last is not None:
             # Write-ahead: the step is recorded before any of its actions happen, replacing
             # the recorded one whole (a restarted operator reads back only what it wrote).
@@ -118,7 +121,7 @@ def _apply(p: Pass, plan: rebalance_sm.Plan, topics_ok: bool, facts: Facts) -> C
     replicas = plan.replicas
     tokens.ensure_token_secret(plane.core, names, owner)  # before the pods that read it
     *manifests, statefulset = dedup_objects(names, plane.settings.image, current, replicas,
-                                            plane.settings.network_policy)
+                                            plane.settings.network_policy, plane.settings.node_lost_seconds > 0)
     for manifest in manifests:
         plane.applier.apply(manifest, owner)
     sts = plane.applier.apply(statefulset, owner)

@@ -67,6 +67,9 @@ class Facts:
     pods: dict[str, PodFacts] = field(default_factory=dict)
     committed: dict[int, int] | None = None  # the group's committed offsets (while Pausing)
     window_ms: int = WINDOW_SECONDS * 1000  # spec.dedup.window
+    # Dedup pods running on a cordoned node (control/nodeloss.draining): their partitions go to
+    # the other pods by snapshot handoff before the pod is deleted.
+    draining: frozenset[str] = frozenset()
 
 
 # -- records -------------------------------------------------------------------------------------

@@ -248,13 +248,16 @@ def headless_service(names: Names) -> dict:
     }
 
 
-def pod_disruption_budget(names: Names) -> dict:
+def pod_disruption_budget(names: Names, replicas: int, drains: bool) -> dict:
+    """With `drains` and two pods or more, no eviction at all: a drain waits while the operator
+    hands the partitions of each pod on a cordoned node to the others and then deletes it
+    (control/nodeloss.py), so no partition waits for a restore. Else one pod at a time."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": names.dedup, "namespace": names.namespace, "labels": names.labels("dedup")},
-        # One pod at a time: each voluntary eviction is a partition handoff.
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector("dedup")}},
+        "spec": {"maxUnavailable": 0 if drains and replicas >= 2 else 1,
+                 "selector": {"matchLabels": names.selector("dedup")}},
     }
 
 

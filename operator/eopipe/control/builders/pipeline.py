@@ -17,17 +17,19 @@ class Setup(Protocol):
     spark_image: str
     network_policy: access.PolicyPeers | None
     spark_driver_cluster_role: str
+    node_lost_seconds: float  # > 0: the operator acts on lost and drained nodes (control/nodeloss.py)
 
 
 def dedup_objects(names: Names, image: str, assignment: Assignment, replicas: int,
-                  network: access.PolicyPeers | None = None) -> list[dict]:
-    """The assignment ConfigMap, the pods' RBAC, the headless Service, the PodDisruptionBudget,
-    the NetworkPolicy (with `network`: the operator's setting), and last the StatefulSet (the
-    reconcile pass reads its status). The token Secret is not here: it is created once, with a
-    random token (control/tokens.py)."""
+                  network: access.PolicyPeers | None = None, drains: bool = False) -> list[dict]:
+    """The assignment ConfigMap, the pods' RBAC, the headless Service, the PodDisruptionBudget
+    (`drains`: the operator moves the partitions off a cordoned node itself), the NetworkPolicy
+    (with `network`: the operator's setting), and last the StatefulSet (the reconcile pass reads
+    its status). The token Secret is not here: it is created once, with a random token
+    (control/tokens.py)."""
     policy = [access.network_policy(names, network)] if network is not None else []
     return [dedup.assignment_configmap(names, assignment), *dedup.rbac(names), dedup.headless_service(names),
-            dedup.pod_disruption_budget(names), *policy, dedup.statefulset(names, image, replicas)]
+            dedup.pod_disruption_budget(names, replicas, drains), *policy, dedup.statefulset(names, image, replicas)]
 
 
 def processing_objects(names: Names, spark_image: str, driver_cluster_role: str, generation: int = 0) -> list[dict]:
@@ -40,5 +42,6 @@ def processing_objects(names: Names, spark_image: str, driver_cluster_role: str,
 
 
 def objects(names: Names, settings: Setup, assignment: Assignment, replicas: int) -> list[dict]:
-    return (dedup_objects(names, settings.image, assignment, replicas, settings.network_policy)
+    return (dedup_objects(names, settings.image, assignment, replicas, settings.network_policy,
+                          settings.node_lost_seconds > 0)
             + processing_objects(names, settings.spark_image, settings.spark_driver_cluster_role))
