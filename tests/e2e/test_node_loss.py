@@ -133,8 +133,8 @@ def _timings(samples: list, at: dict[str, float]) -> dict:
             "sample_every_s": (samples[-1][0] - samples[0][0]) / max(1, len(samples) - 1),
             "not_ready_s": at["not_ready"] - at["lost"], "pods_ready_s": at["pods_ready"] - at["lost"],
             "pipeline_ready_s": at["ready"] - at["lost"],
-            "full_rate_s": recovered_after(samples, at["lost"], at["drained"] + 3),
-            "lag_bound": steady_bound(samples, at["lost"], at["drained"] + 3), "lag_at_end": lag(samples[-1]),
+            "full_rate_s": recovered_after(samples, at["lost"], at["load"] + 3),
+            "lag_bound": steady_bound(samples, at["lost"], at["load"] + 3), "lag_at_end": lag(samples[-1]),
             "drain_s": at["drain_done"] - at["drain"], "drain_pause_s": pause, "drain_pause_partition": partition,
             "drain_ready_s": at["drained"] - at["drain"]}
 
@@ -155,21 +155,23 @@ def _events(ns: str, name: str, reason: str) -> str:
 
 
 @pytest.mark.timeout(1500)
-def test_a_drain_and_a_lost_node_lose_and_duplicate_nothing(node_tier, operator, lost_nodes, cordoned):
+def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator, lost_nodes, cordoned):
     """examples/payments.yaml (both stages) on three nodes: its Spark pods and the operator on
-    node 0 (the control plane's), its two dedup pods off it (spec.dedup.podTemplate.affinity), one
-    on each other node (the operator's preferred anti-affinity). Under duplicated load:
-    - the node of payments-dedup-1 is drained (`kubectl drain`): the budget (maxUnavailable 0)
-      holds the eviction while the operator hands the pod's partitions to payments-dedup-0 by
-      snapshot, then deletes it (NodeDrained); its replacement, pending on its claim pinned there,
-      is deleted with the claim and made again on the other node, and gets partitions back by
-      snapshot once it serves. The drain then ends; the node is uncordoned.
-    - the node both dedup pods are on now is lost: its kubelet, containerd and kube-proxy killed
-      and its link cut, its pods' containers left running cut off (zombies). The node controller
-      marks it NotReady; the operator force-deletes each pod there and its claim pinned there
-      (NodeLost); the StatefulSet makes both again on the drained node, which rebuilds the
-      partitions from Kafka and fences the zombies. The node then comes back with load still
-      running: its kubelet kills the zombies, which changes nothing.
+    node 0 (the control plane's), its dedup pods off it (spec.dedup.podTemplate.affinity), spread
+    by the operator's preferred anti-affinity. Under duplicated load:
+    - the node of payments-dedup-0 is lost: its kubelet, containerd and kube-proxy killed and its
+      link cut, its pod's container left running cut off (a zombie). The node controller marks it
+      NotReady; past the threshold the operator gives the pod's partitions to payments-dedup-1
+      (rebuilt there from Kafka, the zombie fenced by Kafka) and force-deletes the pod and its
+      claim pinned there (NodeLost); the StatefulSet makes both again on a live node, and the pod
+      gets partitions back by snapshot once it serves. The node then comes back: its kubelet
+      kills the zombie, which changes nothing.
+    - scaled to three pods: the third lands on the node that came back.
+    - the node of the other two is drained (`kubectl drain`): their budget (maxUnavailable 0)
+      holds the evictions while the operator hands their partitions to the third pod by
+      snapshot, then deletes them (NodeDrained); their replacements, pending on claims pinned
+      there, are deleted with the claims and made again on a node that takes pods, and get
+      partitions back by snapshot once they serve. The drain then ends.
     `eopipe verify` of both stages: nothing lost, nothing twice."""
     ns, name, src, sink = NS, NAME, "payments", "payments-enriched"
     kubectl("create", "namespace", ns)
@@ -190,6 +192,9 @@ def test_a_drain_and_a_lost_node_lose_and_duplicate_nothing(node_tier, operator,
     assert len(set(on.values())) == 2, on
     pdb = kubectl_json("-n", ns, "get", "poddisruptionbudget", f"{name}-dedup")
     assert pdb["spec"]["maxUnavailable"] == 0, pdb["spec"]
+    victim, gone = on[f"{name}-dedup-0"], f"{name}-dedup-0"
+    old_uid, old_claim = pods[gone]["metadata"]["uid"], kubectl_json("-n", ns, "get", "pvc", f"state-{gone}")
+    zombie = pods[gone]["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
 
     poison = eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", src, "--count", "0", "--poison", "10",
                     "--seed", "41", "--quiet", "--json")
@@ -199,81 +204,88 @@ def test_a_drain_and_a_lost_node_lose_and_duplicate_nothing(node_tier, operator,
     load = start_load(src, "1000000", str(RATE), "41")
     try:
         time.sleep(10)
-        drained, moved = on[f"{name}-dedup-1"], f"{name}-dedup-1"
-        old_claim = kubectl_json("-n", ns, "get", "pvc", f"state-{moved}")["metadata"]["uid"]
-        cordoned.append(drained)
-        t_drain, at["drain"] = time.monotonic(), time.time()
-        kubectl("drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=400s", timeout=420)
-        at["drain_done"] = time.time()
-        log(f"kubectl drain {drained} ({moved} on it) done in {time.monotonic() - t_drain:.0f}s")
-
-        # The drain ends once the pod is gone: its replacement may still be coming, and its
-        # partitions on their way back.
-        def back() -> bool:
-            pods, owned = _dedup_pods(ns, name), _owned(ns, name)
-            return (sorted(pods) == sorted(on) and settled(ns, name) and all(owned.get(p) for p in on)
-                    and all(_ready(pod) and pod["spec"].get("nodeName") not in (drained, NODE_NAME)
-                            for pod in pods.values()))
-        wait(back, 300, f"every dedup pod Ready off {drained} and owning partitions, the pipeline Ready")
-        at["drained"] = time.time()
-        log(f"{name} Ready {time.monotonic() - t_drain:.0f}s after the drain began: {_owned(ns, name)}")
-        assert kubectl_json("-n", ns, "get", "pvc", f"state-{moved}")["metadata"]["uid"] != old_claim
-        started, drained_events = _events(ns, name, "RebalanceStarted"), _events(ns, name, "NodeDrained")
-        log(f"RebalanceStarted events:\n{started}NodeDrained events:\n{drained_events}")
-        assert f"moving the partitions of {moved} off its cordoned node" in started, started
-        assert f"deleted pod {moved}: node {drained} is cordoned" in drained_events, drained_events
-        assert f"state-{moved}" in drained_events, drained_events
-        kubectl("uncordon", drained)
-        time.sleep(10)  # steady again: the lag before the loss is the one the recovery is held to
-
-        # Lost: the node both dedup pods are on now.
-        now = _dedup_pods(ns, name)
-        victim = now[f"{name}-dedup-0"]["spec"]["nodeName"]
-        lost = sorted(p for p, pod in now.items() if pod["spec"]["nodeName"] == victim)
-        old_uids = {p: now[p]["metadata"]["uid"] for p in lost}
-        zombies = {now[p]["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
-                   for p in lost}
-        old_claims = {p: kubectl_json("-n", ns, "get", "pvc", f"state-{p}")["metadata"]["uid"] for p in lost}
         lost_nodes.append(victim)
         at["lost"] = time.time()
         res = node_cmd("node-kill", victim, "--keep-containers")
         assert res.returncode == 0, res.stdout
         t_lost = time.monotonic()
-        log(f"{res.stdout.strip()}; {', '.join(lost)} on it")
+        log(f"{res.stdout.strip()}; {gone} on it")
         wait(lambda: _node_ready(victim) != "True", 120, f"{victim} NotReady")
         at["not_ready"] = time.time()
         log(f"{victim} NotReady {time.monotonic() - t_lost:.0f}s after its loss")
+        wait(lambda: not _owned(ns, name).get(gone), 120, f"{gone}'s partitions given to the live pod")
+        log(f"{gone}'s partitions given to the live pod {time.monotonic() - t_lost:.0f}s after the loss: "
+            f"{_owned(ns, name)}")
 
         def replaced() -> bool:
             now = _dedup_pods(ns, name)
-            return all(p in now and now[p]["metadata"]["uid"] != old_uids[p] and _ready(now[p])
-                       and now[p]["spec"]["nodeName"] != victim for p in lost)
-        wait(replaced, 300, f"{', '.join(lost)} made again on a live node and Ready")
+            return (gone in now and now[gone]["metadata"]["uid"] != old_uid and _ready(now[gone])
+                    and now[gone]["spec"]["nodeName"] != victim)
+        wait(replaced, 300, f"{gone} made again on a live node and Ready")
         at["pods_ready"] = time.time()
-        log(f"{', '.join(lost)} Ready again {time.monotonic() - t_lost:.0f}s after the loss")
-        wait(lambda: settled(ns, name), 300, "the pipeline Ready after the loss")
+        log(f"{gone} Ready again {time.monotonic() - t_lost:.0f}s after the loss")
+        wait(lambda: settled(ns, name) and _owned(ns, name).get(gone), 300,
+             f"the pipeline Ready after the loss, {gone} owning partitions again")
         at["ready"] = time.time()
-        log(f"{name} Ready {time.monotonic() - t_lost:.0f}s after the loss")
-        for p in lost:
-            assert kubectl_json("-n", ns, "get", "pvc", f"state-{p}")["metadata"]["uid"] != old_claims[p], p
+        log(f"{name} Ready {time.monotonic() - t_lost:.0f}s after the loss: {_owned(ns, name)}")
+        assert kubectl_json("-n", ns, "get", "pvc", f"state-{gone}")["metadata"]["uid"] != old_claim["metadata"]["uid"]
         st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name)["status"]
-        assert victim in st["lastNodeLoss"]["nodes"] and set(lost) <= set(st["lastNodeLoss"]["pods"]), st
-        events = _events(ns, name, "NodeLost")
-        log(f"NodeLost events:\n{events}")
-        assert all(p in events and f"state-{p}" in events for p in lost), events
+        assert victim in st["lastNodeLoss"]["nodes"] and gone in st["lastNodeLoss"]["pods"], st
+        started, events = _events(ns, name, "RebalanceStarted"), _events(ns, name, "NodeLost")
+        log(f"RebalanceStarted events:\n{started}NodeLost events:\n{events}")
+        assert f"moving the partitions of {gone} off a lost node" in started, started
+        assert gone in events and f"state-{gone}" in events, events
         after = {p: pod["metadata"]["uid"] for p, pod in _dedup_pods(ns, name).items()}
 
-        # The node comes back while the load runs: its kubelet finds the zombies' pods gone from
-        # the API and kills them; their writes were fenced all along.
-        assert zombies <= _tasks(victim), "the zombies' containers did not run on"
+        # The node comes back while the load runs: its kubelet finds the zombie's pod gone from
+        # the API and kills it; its writes were fenced all along.
+        assert zombie in _tasks(victim), "the zombie's container did not run on"
         res = node_cmd("node-start", victim)
         assert res.returncode == 0, res.stdout
         wait(lambda: _node_ready(victim) == "True", 120, f"{victim} Ready again")
-        wait(lambda: not zombies & _tasks(victim), 120, "the zombies' containers stopped by their kubelet")
-        log(f"{victim} back; its zombies stopped by its kubelet")
+        wait(lambda: zombie not in _tasks(victim), 120, "the zombie's container stopped by its kubelet")
+        log(f"{victim} back; its zombie stopped by its kubelet")
         time.sleep(5)
         now = _dedup_pods(ns, name)
         assert {p: pod["metadata"]["uid"] for p, pod in now.items()} == after, "the node's return changed a pod"
+
+        # Three pods: the third on the node that came back, the other two together.
+        third = f"{name}-dedup-2"
+        kubectl("-n", ns, "patch", "exactlyoncepipeline", name, "--type=merge", "-p",
+                json.dumps({"spec": {"dedup": {"replicas": 3}}}))
+        wait(lambda: settled(ns, name) and len(_owned(ns, name)) == 3, 300, "three dedup pods, each owning partitions")
+        now = _dedup_pods(ns, name)
+        drained = now[f"{name}-dedup-1"]["spec"]["nodeName"]
+        moved = sorted(p for p, pod in now.items() if pod["spec"]["nodeName"] == drained)
+        log(f"scaled to three: {_owned(ns, name)}; {', '.join(moved)} on {drained}")
+        assert moved == [gone, f"{name}-dedup-1"] and now[third]["spec"]["nodeName"] == victim, \
+            {p: pod["spec"]["nodeName"] for p, pod in now.items()}
+
+        old_claims = {p: kubectl_json("-n", ns, "get", "pvc", f"state-{p}")["metadata"]["uid"] for p in moved}
+        cordoned.append(drained)
+        t_drain, at["drain"] = time.monotonic(), time.time()
+        kubectl("drain", drained, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=400s", timeout=420)
+        at["drain_done"] = time.time()
+        log(f"kubectl drain {drained} ({', '.join(moved)} on it) done in {time.monotonic() - t_drain:.0f}s")
+
+        # The drain ends once the pods are gone: their replacements may still be coming, and their
+        # partitions on their way back.
+        def back() -> bool:
+            pods, owned = _dedup_pods(ns, name), _owned(ns, name)
+            return (len(pods) == 3 and settled(ns, name) and all(owned.get(p) for p in pods)
+                    and all(_ready(pod) and pod["spec"].get("nodeName") not in (drained, NODE_NAME)
+                            for pod in pods.values()))
+        wait(back, 300, f"every dedup pod Ready off {drained} and owning partitions, the pipeline Ready")
+        at["drained"] = time.time()
+        log(f"{name} Ready {time.monotonic() - t_drain:.0f}s after the drain began: {_owned(ns, name)}")
+        for p in moved:
+            assert kubectl_json("-n", ns, "get", "pvc", f"state-{p}")["metadata"]["uid"] != old_claims[p], p
+        started, events = _events(ns, name, "RebalanceStarted"), _events(ns, name, "NodeDrained")
+        log(f"RebalanceStarted events:\n{started}NodeDrained events:\n{events}")
+        assert f"moving the partitions of {', '.join(moved)} off a cordoned node" in started, started
+        assert all(f"deleted pod {p}: node {drained} is cordoned" in events and f"state-{p}" in events
+                   for p in moved), events
+        time.sleep(5)
     finally:
         load.terminate()
         out, err = load.communicate(timeout=300)

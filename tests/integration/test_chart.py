@@ -212,9 +212,9 @@ def test_namespaced_render(tools, helm_env):
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for b in bindings:
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "eopipe", "namespace": "eopipe-system"}]
-    # The only cluster-wide grants left: reading CRDs and namespaces (Kopf observes both), and
-    # Nodes and PersistentVolumes by name (node loss); the Spark drivers' ClusterRole is bound
-    # by the operator in a pipeline's namespace, to drivers.
+    # The only cluster-wide grants left: reading CRDs and namespaces (Kopf observes both), Nodes
+    # (node loss: each by name, and a watch for a cordon) and PersistentVolumes by name; the Spark
+    # drivers' ClusterRole is bound by the operator in a pipeline's namespace, to drivers.
     (cluster_role,) = [d for d in by_kind(docs, "ClusterRole") if d["metadata"]["name"].endswith("-kopf")]
     assert sorted(d["metadata"]["name"] for d in by_kind(docs, "ClusterRole")) == [
         "eopipe-eopipe-system-kopf", "eopipe-eopipe-system-spark-driver"]
@@ -222,7 +222,8 @@ def test_namespaced_render(tools, helm_env):
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
          "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
-        {"apiGroups": [""], "resources": ["nodes", "persistentvolumes"], "verbs": ["get"]}]
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["persistentvolumes"], "verbs": ["get"]}]
     c = by_kind(docs, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]
     assert "--namespace=team-a" in c["args"] and "--namespace=team-b" in c["args"] and "--verbose" in c["args"]
     assert c["image"] == "eopipe:1.2.3" and c["imagePullPolicy"] == "Always"
@@ -340,8 +341,8 @@ def test_rbac_is_least_privilege(tools, helm_env, values):
         verbs = set(rule["verbs"])
         if {"pods", "pods/exec", "pods/eviction"} & set(rule["resources"]):  # node loss deletes, no more
             assert rule["resources"] == ["pods"] and verbs & WRITES <= {"delete"}, rule
-        if {"nodes", "persistentvolumes"} & set(rule["resources"]):
-            assert verbs == {"get"}, rule
+        if {"nodes", "persistentvolumes"} & set(rule["resources"]):  # read only; PVs by name
+            assert verbs <= ({"get", "list", "watch"} if rule["resources"] == ["nodes"] else {"get"}), rule
         if "bind" in verbs:  # one ClusterRole, by name
             assert (rule["resources"], rule["verbs"], rule.get("resourceNames")) == \
                 (["clusterroles"], ["bind"], [driver["metadata"]["name"]]), rule
@@ -656,7 +657,8 @@ def test_cluster_wide_rbac_grants_what_the_operator_needs(tools, helm_env, crds,
                 ("create", "", "pods/exec", None), ("create", "", "pods/eviction", None),
                 ("delete", "", "services", None), ("delete", "", "configmaps", None),
                 ("deletecollection", "", "persistentvolumeclaims", None), ("list", "", "secrets", None),
-                ("patch", "", "nodes", None), ("list", "", "nodes", None), ("delete", "", "persistentvolumes", None),
+                ("patch", "", "nodes", None), ("list", "", "persistentvolumes", None),
+                ("delete", "", "persistentvolumes", None),
                 ("delete", "apps", "statefulsets", None), ("delete", "eopipe.dev", "exactlyoncepipelines", None),
                 ("create", rbac, "clusterroles", None), ("escalate", rbac, "roles", None),
                 ("bind", rbac, "clusterroles", "admin"), ("bind", rbac, "clusterroles", "cluster-admin"),

@@ -121,6 +121,7 @@ def test_a_pod_on_a_lost_node_and_its_local_claim_are_replaced(kube_api, k8s_nam
 
         _node(core, lost, "Unknown", datetime.now(timezone.utc) - timedelta(minutes=10))
         p = _pass(kube_api, names)
+        assert stage_nodes.leaving(p) == (set(), {pod_name})  # its partitions go to live pods
         condition = stage_nodes.run(p)
         assert (condition.type, condition.status, condition.reason) == ("DedupReady", False, "NodeLost")
         assert [(t, r) for t, r, _ in p.out.events] == [("Warning", "NodeLost")] * 2
@@ -161,7 +162,7 @@ def test_a_pod_on_a_cordoned_node_is_deleted_gracefully(kube_api, k8s_namespace)
         _node(core, node, "True", datetime.now(timezone.utc) - timedelta(minutes=10))
         pod, claim_name, claim_uid = _statefulset_pod_on(core, apps, names, node)
         p = _pass(kube_api, names)
-        assert stage_nodes.draining(p) == {pod.metadata.name}
+        assert stage_nodes.leaving(p) == ({pod.metadata.name}, set())
         condition = stage_nodes.run(p)
         assert (condition.type, condition.status, condition.reason) == ("DedupReady", False, "NodeDrained")
         (kind, reason, message), = p.out.events

@@ -15,6 +15,7 @@ from eopipe.control.nodeloss import (
     Pod,
     decide,
     draining,
+    lost,
     pinned_node,
 )
 
@@ -179,6 +180,13 @@ def test_pinned_node(terms, want):
     assert pinned_node(terms) == want
 
 
+def test_lost_is_the_pods_on_a_node_lost_past_the_threshold_that_no_longer_answer():
+    f = facts(pod("d-0", "n1"), pod("d-1", "n1", deleting=True), pod("d-2", "n1", serving=True), pod("d-3", "n2"),
+              pod("d-4", "n3"), pod("d-5", "n4"), pod("d-6", ""),
+              nodes=[not_ready("n1", T), not_ready("n2", T - 1), ready("n3")])  # n4: gone
+    assert lost(f) == {"d-0", "d-1", "d-5"}
+
+
 def test_draining_is_the_pods_running_on_a_ready_cordoned_node():
     f = facts(pod("d-0", "n1"), pod("d-1", "n1", deleting=True), pod("d-2", "n2"), pod("d-3", ""), pod("d-4", "n3"),
               nodes=[cordoned("n1"), ready("n2"), Node("n3", "Unknown", NOW - 10 * T, cordoned=True)])
@@ -205,6 +213,6 @@ def test_the_pass_reads_the_nodes_once(threshold, reads):
                                               observer=Observer(), core=None),
                         facts=SimpleNamespace(pods={"d-0": PodFacts("d-0", ready=True)}, assignment=None),
                         names=None, nodes=None, out=SimpleNamespace(events=[], fields={}, rebalancing="HandingOff"))
-    assert stage_nodes.draining(p) == ({"d-0"} if threshold else set())
+    assert stage_nodes.leaving(p) == (({"d-0"} if threshold else set()), set())
     assert stage_nodes.run(p) is None  # a rebalance runs: the emptied pod is not deleted yet
     assert Observer.calls == reads

@@ -140,7 +140,7 @@ def test_a_drained_pod_hands_its_partitions_over_and_gets_them_back_once_it_serv
     assert len(had) == 2 and set(handoff.handoffs) == had
     assert {h.source for h in handoff.handoffs.values()} == {gone}
     assert set(c.assignment.owners.values()) == {f"{PREFIX}-0"} and last.snapshot == last.partitions_moved == 2
-    assert "moving the partitions of p-dedup-1 off its cordoned node" in events[0][2]
+    assert "moving the partitions of p-dedup-1 off a cordoned node" in events[0][2]
     # Steady while it is cordoned.
     assert step(c.facts(2, 4, draining=frozenset({gone})), None).rebalance is None
 
@@ -153,6 +153,28 @@ def test_a_drained_pod_hands_its_partitions_over_and_gets_them_back_once_it_serv
     # Serving: two partitions back, by snapshot from p-dedup-0.
     phases, events, last = drive(c, 2, 4)
     assert set(c.assignment.owners.values()) == {f"{PREFIX}-0", gone} and last.snapshot == 2
+
+
+def test_a_lost_pods_partitions_go_to_the_live_pods_at_once_without_a_handoff():
+    """Nothing to fetch from a lost pod: the new owners restore or rebuild (the migration says
+    which); its replacement gets partitions back by snapshot once it serves."""
+    c = Cluster(partitions=4, replicas=2)
+    gone = f"{PREFIX}-0"
+    had = set(c.assignment.partitions_of(gone))
+    plan = step(c.facts(2, 4, lost=frozenset({gone})), None)
+    assert plan.rebalance.phase == "HandingOff" and plan.assignment.handoffs == {}
+    assert set(plan.rebalance.moves) == had and {m.to for m in plan.rebalance.moves.values()} == {f"{PREFIX}-1"}
+    assert "moving the partitions of p-dedup-0 off a lost node" in plan.events[0][2]
+    phases, events, last = drive(c, 2, 4, lost=frozenset({gone}))
+    assert set(c.assignment.owners.values()) == {f"{PREFIX}-1"}
+    phases, events, last = drive(c, 2, 4)  # the replacement serves
+    assert set(c.assignment.owners.values()) == {gone, f"{PREFIX}-1"} and last.snapshot == 2
+
+
+def test_every_pod_lost_nothing_moves():
+    c = Cluster(partitions=4, replicas=2)
+    plan = step(c.facts(2, 4, lost=frozenset({f"{PREFIX}-0", f"{PREFIX}-1"})), None)
+    assert plan.rebalance is None and plan.assignment == c.assignment
 
 
 def test_with_every_pod_draining_nothing_moves():

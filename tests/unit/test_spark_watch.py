@@ -84,3 +84,23 @@ def test_a_flapping_driver_is_one_pass_per_gap():
     assert len(passes) <= 20 / GAP + 1
     w.observe(app, pipe, "RUNNING", True, 30.0)
     assert app not in w.seen  # a deleted application is forgotten
+
+
+def test_a_cordon_reconciles_every_pipeline_with_dedup_pods_once():
+    """A node seen uncordoned, then cordoned: each pipeline with a dedup StatefulSet, in the gap
+    of its own passes; the first sight of a node, a node's other changes, its uncordon and a
+    deleted StatefulSet's pipeline: nothing."""
+    w = Watch()
+    w.observe(("StatefulSet", "a", "p-dedup"), ("a", "p"), "2/2", False, 0.0)
+    w.observe(("StatefulSet", "b", "q-dedup"), ("b", "q"), "2/2", False, 0.0)
+    w.observe(("StatefulSet", "c", "r-dedup"), ("c", "r"), "2/2", False, 0.0)
+    w.observe(("StatefulSet", "c", "r-dedup"), ("c", "r"), "2/2", True, 0.0)  # r deleted
+    assert w.observe(("StatefulSet", "a", "p-dedup"), ("a", "p"), "1/2", False, 10.0) == Decision(True, 0.0)
+    assert w.cordon("n1", True, False, 10.0) == []  # first sight, already cordoned: the pass at start
+    assert w.cordon("n2", False, False, 11.0) == []
+    assert w.cordon("n2", False, False, 12.0) == []  # a status change of the node
+    assert w.cordon("n2", True, False, 12.0) == [(("a", "p"), GAP - 2.0), (("b", "q"), 0.0)]
+    assert w.cordon("n2", True, False, 13.0) == []  # still cordoned
+    assert w.cordon("n2", False, False, 30.0) == []  # uncordoned
+    assert w.cordon("n2", True, True, 31.0) == []  # deleted
+    assert ("Node", "", "n2") not in w.seen

@@ -151,10 +151,14 @@ reads Nodes and PersistentVolumes by name.
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
-# Node loss (control/nodeloss.py): the Ready condition of the dedup pods' nodes and whether a
-# claim's volume is pinned to one node, each read by name.
+# Node loss (control/nodeloss.py): the Ready condition and the cordon of the dedup pods' nodes
+# (a cordon watched: a drain waits for the operator) and whether a claim's volume is pinned to
+# one node, read by name.
 - apiGroups: [""]
-  resources: [nodes, persistentvolumes]
+  resources: [nodes]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [persistentvolumes]
   verbs: [get]
 {{- end -}}
 

@@ -214,7 +214,10 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
             return
         WATCH_LOG.info(f"{what} {ns}/{meta.get('name')}: state {state or 'none'}{', deleted' if deleted else ''}: "
                        f"reconciling pipeline {pipeline}" + (f" in {d.delay:.1f}s" if d.delay else ""))
-        await asyncio.sleep(d.delay)
+        await reconcile_soon(ns, pipeline, d.delay)
+
+    async def reconcile_soon(ns: str, pipeline: str, delay: float) -> None:
+        await asyncio.sleep(delay)
         owner = {"metadata": {"namespace": ns, "name": pipeline}}
         for _ in range(sparkwatch.RETRIES):  # Kopf does not retry an event handler
             try:
@@ -233,6 +236,18 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
                    labels={LABEL_MANAGED_BY: MANAGED_BY, LABEL_COMPONENT: "dedup"})
     async def dedup_pods_ready(event, body, **_):
         await child_changed(event, body, sparkwatch.ready_of(body), "StatefulSet")
+
+    if config.node_lost_seconds > 0:
+        # A cordon (kubectl drain's first step): the dedup pods' budget (maxUnavailable 0) holds
+        # the drain until a pass moves their partitions off the node, so that pass comes now.
+        @kopf.on.event("", "v1", "nodes", registry=registry)
+        async def node_cordoned(event, body, **_):
+            node = (body.get("metadata") or {}).get("name", "")
+            due = watch.cordon(node, bool((body.get("spec") or {}).get("unschedulable")),
+                               event.get("type") == "DELETED", time.monotonic())
+            for (ns, pipeline), delay in due:
+                WATCH_LOG.info(f"node {node} cordoned: reconciling pipeline {ns}/{pipeline}")
+            await asyncio.gather(*(reconcile_soon(ns, pipeline, delay) for (ns, pipeline), delay in due))
 
     @kopf.on.delete(*RESOURCE, registry=registry, optional=True)
     def forget_metrics(body, **_):

@@ -7,7 +7,8 @@ to that node keeps the replacement `Pending`. Once the node has been NotReady fo
 (or its Node object is gone), the plan:
 
 - force-deletes the pod (grace 0, as `kubectl delete pod --force --grace-period=0`): the
-  StatefulSet then recreates it, on a live node;
+  StatefulSet then recreates it, on a live node. Its partitions do not wait for that: the pod
+  is `lost`, and the rebalance gives them to the live pods in the same pass;
 - deletes each claim of that pod whose volume is pinned to a lost node (a local volume): the
   StatefulSet makes a new, empty one and the worker's lost-volume path restores the
   partitions (a snapshot with spec.dedup.backup, else a rebuild from Kafka). A network volume
@@ -166,6 +167,12 @@ def draining(facts: Facts) -> frozenset[str]:
     """The pods running on a Ready, cordoned node (kubectl cordon or drain)."""
     return frozenset(p.name for p in facts.pods if p.node and not p.deleting and state(facts, p.node)[0] == READY
                      and facts.nodes[p.node].cordoned)
+
+
+def lost(facts: Facts) -> frozenset[str]:
+    """The pods on a node lost past the threshold (or gone) that no longer answer: their
+    partitions go to the live pods at once, while the pod itself is force-deleted below."""
+    return frozenset(p.name for p in facts.pods if p.node and not p.serving and state(facts, p.node)[0] == LOST)
 
 
 def _drained(facts: Facts) -> list[DeletePod]:

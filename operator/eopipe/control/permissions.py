@@ -46,6 +46,9 @@ KOPF = (
     Access("apps", "statefulsets", ("list", "watch"), WATCHED,
            "Kopf watches the dedup StatefulSets: a change of their ready pods reconciles the pipeline "
            "(control/sparkwatch.py; a pod on a node that stopped reporting turns NotReady)"),
+    Access("", "nodes", ("list", "watch"), CLUSTER,
+           "Kopf watches Nodes: one turning cordoned (a drain) reconciles the pipelines with dedup pods "
+           "(control/sparkwatch.py), whose budget holds the drain until their partitions moved"),
 )
 
 API_ACCESS = (

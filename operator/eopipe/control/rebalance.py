@@ -84,11 +84,11 @@ def pods(prefix: str, n: int) -> list[str]:
 
 
 def _owners(f: Facts, n: int) -> list[str]:
-    """The pods that may own partitions: the first n, but those on a cordoned node while
-    another remains (with none left, they keep theirs: a drain of every node is paced by the
-    budget and control/nodeloss, one pod at a time)."""
+    """The pods that may own partitions: the first n, but those on a cordoned or lost node while
+    another remains (with none left, they keep theirs: a drain of every node is paced by
+    control/nodeloss one pod at a time, and a lost pod's replacement restores them)."""
     every = pods(f.pod_prefix, max(1, n))
-    return [p for p in every if p not in f.draining] or every
+    return [p for p in every if p not in f.draining | f.lost] or every
 
 
 def _unready(f: Facts, a: Assignment, target: dict[int, str]) -> list[str]:
@@ -162,9 +162,10 @@ def _idle(f: Facts) -> Plan:
     rb = Rebalance(id=a.generation + 1, type=REPLICAS, phase=SCALING_UP,
                    from_replicas=current_replicas, to_replicas=f.replicas, from_partitions=n, to_partitions=n,
                    started_at=rfc3339(f.now_ms), started_at_ms=f.now_ms)
-    off = sorted(set(a.owners.values()) & f.draining)
+    drained, lost = (sorted(set(a.owners.values()) & pods) for pods in (f.draining, f.lost))
     ev = ("Normal", "RebalanceStarted", f"{rb.label}: started"
-          + (f"; moving the partitions of {', '.join(off)} off its cordoned node" if off else ""))
+          + (f"; moving the partitions of {', '.join(drained)} off a cordoned node" if drained else "")
+          + (f"; moving the partitions of {', '.join(lost)} off a lost node" if lost else ""))
     if f.replicas > current_replicas:
         plan = _scaling_up(f, rb)
     else:
@@ -198,7 +199,7 @@ def _plan_handoff(f: Facts, rb: Rebalance) -> Plan:
     mv = moves(a.owners, target)
     handoffs = {}
     for p, (src, _dst) in mv.items():
-        pf = f.pods.get(src) if src else None
+        pf = f.pods.get(src) if src and src not in f.lost else None  # a lost pod serves no snapshot
         if pf is not None and pf.url:
             handoffs[p] = Handoff(src, pf.url)
     new = Assignment(a.generation + 1, target, partition_count=n, handoffs=handoffs, reshards=a.reshards)

@@ -1,9 +1,10 @@
-"""The operator's watch of the SparkApplications and dedup StatefulSets it made: a change of the
-application's state (a driver Failed, the Stalled/CheckpointIncompatible exit), or of the count
-of ready dedup pods (one on a node that stopped reporting turns NotReady: control/nodeloss.py),
-reconciles the owning pipeline at once instead of at the next resync (Settings.resync_seconds, a
-minute in the chart). Both share one memory: a pipeline's passes keep their gap whichever child
-changed.
+"""The operator's watch of the SparkApplications and dedup StatefulSets it made, and of Nodes: a
+change of the application's state (a driver Failed, the Stalled/CheckpointIncompatible exit), or
+of the count of ready dedup pods (one on a node that stopped reporting turns NotReady:
+control/nodeloss.py), reconciles the owning pipeline at once instead of at the next resync
+(Settings.resync_seconds, a minute in the chart); a node turning cordoned reconciles every
+pipeline with dedup pods. All share one memory: a pipeline's passes keep their gap whichever
+object changed.
 
 Only status.applicationState.state matters, and the application's deletion (the pass that
 follows creates it again, as after a resubmission): the Spark Operator patches its status often
@@ -72,14 +73,39 @@ class Watch:
     """The memory between events: each application's last state, each pipeline's last pass."""
     seen: dict[tuple[str, ...], str] = field(default_factory=dict)  # by (kind, namespace, name)
     passes: dict[tuple[str, str], float] = field(default_factory=dict)
+    dedup: dict[tuple[str, str], tuple[str, str]] = field(default_factory=dict)  # StatefulSet -> its pipeline
 
-    def observe(self, key: tuple[str, ...], pipeline: tuple[str, str], state: str, deleted: bool,
-                now: float) -> Decision:
-        d = decide(self.seen.get(key), state, deleted, self.passes.get(pipeline), now)
-        if deleted:  # bounded: a deleted application is forgotten
-            self.seen.pop(key, None)
-        else:
+    def _remember(self, key: tuple[str, ...], state: str, deleted: bool) -> str | None:
+        """The state seen before; a deleted object is forgotten (bounded memory)."""
+        was = self.seen.pop(key, None) if deleted else self.seen.get(key)
+        if not deleted:
             self.seen[key] = state
+        return was
+
+    def _decide(self, was: str | None, state: str, deleted: bool, pipeline: tuple[str, str],
+                now: float) -> Decision:
+        d = decide(was, state, deleted, self.passes.get(pipeline), now)
         if d.trigger:
             self.passes[pipeline] = now + d.delay
         return d
+
+    def observe(self, key: tuple[str, ...], pipeline: tuple[str, str], state: str, deleted: bool,
+                now: float) -> Decision:
+        if key[0] == "StatefulSet":
+            if deleted:
+                self.dedup.pop(key[1:], None)
+            else:
+                self.dedup[key[1:]] = pipeline
+        return self._decide(self._remember(key, state, deleted), state, deleted, pipeline, now)
+
+    def cordon(self, node: str, cordoned: bool, deleted: bool, now: float) -> list[tuple[tuple[str, str], float]]:
+        """A Node's event. When it turns cordoned (kubectl cordon, the first step of a drain):
+        every pipeline with a dedup StatefulSet, each with its delay, since a budget of
+        maxUnavailable 0 holds the drain until the operator moves the partitions off it."""
+        state = "cordoned" if cordoned else ""
+        was = self._remember(("Node", "", node), state, deleted)
+        if not cordoned or deleted:
+            return []
+        decisions = ((pipeline, self._decide(was, state, False, pipeline, now))
+                     for pipeline in sorted(set(self.dedup.values())))
+        return [(pipeline, d.delay) for pipeline, d in decisions if d.trigger]

@@ -1,5 +1,6 @@
 """The dedup stage: the rebalance state machine (control/rebalance.py) stepped from the facts
-(with the pods on cordoned nodes, stage_nodes.draining), each step recorded in status before it acts; the autoscaler's count (control/autoscale.py); the
+(with the pods on cordoned or lost nodes, stage_nodes.leaving), each step recorded in status
+before it acts; the autoscaler's count (control/autoscale.py); the
 topics at the partition count the step wants (stage_topics); the dedup objects applied; the
 DedupReady condition. While a rebalance runs the stage keeps stepping for a few seconds."""
 
@@ -45,7 +46,7 @@ def run(p: Pass) -> list[Condition]:
     last = p.status.get("lastRebalance")
     auto = p.status.get("autoscale")
     deadline = time.monotonic() + p.plane.settings.rebalance_poll_seconds
-    draining = None
+    leaving = None
     while True:
         conditions: list[Condition] = []
         try:
@@ -56,10 +57,11 @@ def run(p: Pass) -> list[Condition]:
             out.retry = True
             break
         p.facts = facts
-        if draining is None:  # once a pass: the nodes are read once (stage_nodes.observe)
-            draining = stage_nodes.draining(p)
+        if leaving is None:  # once a pass: the nodes are read once (stage_nodes.observe)
+            leaving = stage_nodes.leaving(p)
         wanted, auto = _autoscale(p, facts, rb, auto)
-        plan = rebalance_sm.step(dataclasses.replace(facts, replicas=wanted, draining=draining), rb)
+        draining, lost = leaving
+        plan = rebalance_sm.step(dataclasses.replace(facts, replicas=wanted, draining=draining, lost=lost), rb)
         if plan.rebalance != rb or plan.last is not None:
             # Write-ahead: the step is recorded before any of its actions happen, replacing
             # the recorded one whole (a restarted operator reads back only what it wrote).

@@ -1,8 +1,8 @@
 """Node loss and drains, the I/O around control/nodeloss: the facts read once a pass
-(observe.py), the pods on cordoned nodes given to the rebalance (draining), the plan's deletes
+(observe.py), the pods on cordoned or lost nodes given to the rebalance (leaving), the plan's deletes
 made, each a Warning event NodeLost (or NodeDrained), the last one recorded in
 status.lastNodeLoss, and the DedupReady condition that replaces the stage's own while a node is
-lost or NotReady. A lost pod's partitions come back through the worker's own recovery
+lost or NotReady. A lost pod's partitions are restored by their new owner's own recovery
 (docs/design.md#node-loss)."""
 
 from __future__ import annotations
@@ -38,14 +38,17 @@ def observe(p: Pass) -> nodeloss.Facts | None:
     return p.nodes
 
 
-def draining(p: Pass) -> frozenset[str]:
-    """The dedup pods on a cordoned node, whose partitions the rebalance hands to the others."""
+def leaving(p: Pass) -> tuple[frozenset[str], frozenset[str]]:
+    """The dedup pods whose partitions the rebalance gives to the others: on a cordoned node
+    (handed over by snapshot), on a lost node (restored or rebuilt at the new owner)."""
     try:
         facts = observe(p)
     except client.ApiException as e:
         _not_checked(p, e)
-        return frozenset()
-    return nodeloss.draining(facts) if facts is not None else frozenset()
+        facts = None
+    if facts is None:
+        return frozenset(), frozenset()
+    return nodeloss.draining(facts), nodeloss.lost(facts)
 
 
 def _not_checked(p: Pass, e: client.ApiException) -> None:

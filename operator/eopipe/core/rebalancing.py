@@ -70,6 +70,9 @@ class Facts:
     # Dedup pods running on a cordoned node (control/nodeloss.draining): their partitions go to
     # the other pods by snapshot handoff before the pod is deleted.
     draining: frozenset[str] = frozenset()
+    # Dedup pods on a lost node (control/nodeloss.lost): their partitions go to the other pods at
+    # once, restored there from the object store or rebuilt from Kafka (no snapshot to fetch).
+    lost: frozenset[str] = frozenset()
 
 
 # -- records -------------------------------------------------------------------------------------
