@@ -273,8 +273,9 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
     row("autoscale", "autoscale_p99_ms_4x", "autoscale: latency p99 during 4x", "ms",
         "dedup stage, produce -> read_committed output", lambda r: r["phases"][1]["p99_ms"])
     faults = results.get("node_faults") or {}
-    loss_notes = (f"3 nodes, {faults.get('rate')} records/s; NotReady after {faults['not_ready_s']:.0f} s, pods Ready after "
-                  f"{faults['pods_ready_s']:.0f} s (operator threshold {faults['threshold_s']} s)" if faults else "")
+    loss_notes = (f"3 nodes, {faults.get('rate')} records/s; NotReady after {faults['not_ready_s']:.0f} s, partitions "
+                  f"to a live pod after {faults['moved_s']:.0f} s (operator threshold {faults['threshold_s']} s)"
+                  if faults else "")
     row("node_faults", "node_loss_full_rate_s", "node lost: back to full rate", "s",
         f"lag back to steady; goal 60 s; {loss_notes}", lambda r: r["full_rate_s"])
     row("node_faults", "drain_pause_s", "node drained: longest partition pause", "s",

@@ -131,7 +131,8 @@ def _timings(samples: list, at: dict[str, float]) -> dict:
     pause, partition = longest_pause(samples, at["drain"], at["drained"])
     return {"threshold_s": THRESHOLD_SECONDS, "rate": RATE, "samples": len(samples),
             "sample_every_s": (samples[-1][0] - samples[0][0]) / max(1, len(samples) - 1),
-            "not_ready_s": at["not_ready"] - at["lost"], "pods_ready_s": at["pods_ready"] - at["lost"],
+            "not_ready_s": at["not_ready"] - at["lost"], "moved_s": at["moved"] - at["lost"],
+            "pods_ready_s": at["pods_ready"] - at["lost"],
             "pipeline_ready_s": at["ready"] - at["lost"],
             "full_rate_s": recovered_after(samples, at["lost"], at["load"] + 3),
             "lag_bound": steady_bound(samples, at["lost"], at["load"] + 3), "lag_at_end": lag(samples[-1]),
@@ -214,6 +215,7 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
         at["not_ready"] = time.time()
         log(f"{victim} NotReady {time.monotonic() - t_lost:.0f}s after its loss")
         wait(lambda: not _owned(ns, name).get(gone), 120, f"{gone}'s partitions given to the live pod")
+        at["moved"] = time.time()
         log(f"{gone}'s partitions given to the live pod {time.monotonic() - t_lost:.0f}s after the loss: "
             f"{_owned(ns, name)}")
 

@@ -76,8 +76,10 @@ def test_longest_pause(name, samples, window, expected):
 
 
 def test_table_prints_every_row_and_a_dash_for_none():
-    text = table({"rate": 400, "sample_every_s": 0.24, "not_ready_s": 45.2, "pods_ready_s": 70.0, "threshold_s": 10,
+    text = table({"rate": 400, "sample_every_s": 0.24, "not_ready_s": 45.2, "moved_s": 57.1, "pods_ready_s": 70.0,
+                  "threshold_s": 10,
                   "full_rate_s": None, "lag_bound": 362.5, "lag_at_end": 7, "drain_pause_s": 28.04, "drain_s": 24.0})
-    assert "NotReady" in text and "45.2" in text and "28.0" in text and "operator threshold 10 s" in text
+    assert "NotReady" in text and "45.2" in text and "28.0" in text and "57.1" in text
+    assert [ln.split()[-3:] for ln in text.splitlines() if "to a live pod" in ln] == [["threshold", "10", "s"]]
     assert "400 records/s" in text and "a sample every 0.24 s" in text and "under 362 records (7 at the end)" in text
     assert [ln.split()[6:9] for ln in text.splitlines() if "full rate" in ln] == [["-", "goal", "60"]]
