@@ -40,8 +40,8 @@ spark-jars: venv ## Spark's Kafka connector jars and hadoop-aws for s3a:// check
 deps: venv kafka k8s tools spark-jars ## everything the tests and the demo need
 
 # The soak and the benchmarks' own runs are left out of `make test` (CI's time): `make soak`, `make test-bench`.
-test: deps ## the whole test suite: unit, integration (real Kafka, control plane, Spark), e2e, node tier and fault tests (two pytest runs side by side: hack/test-lanes.py)
-	$(PY) hack/test-lanes.py
+test: deps ## the whole test suite: unit, integration (real Kafka, control plane, Spark), e2e, node tier and fault tests
+	EOPIPE_NODE_TESTS=1 $(PY) -m pytest -m "not bench" --ignore=tests/soak
 
 test-unit: $(VENV)/.installed-unit ## the unit tier alone: no services, no Kafka, Java or Go (about two minutes)
 	$(PY) -m pytest tests/unit
