@@ -2,7 +2,7 @@
 
 import pytest
 
-from eopipe.control.handlers import _autoscaling, _progressing
+from eopipe.control.handlers import _autoscaling, _node_waiting, _progressing
 
 RECONCILING = {"type": "Reconciling", "status": "True"}
 SETTLED = {"type": "Reconciling", "status": "False"}
@@ -35,3 +35,15 @@ def test_progressing(status, expected):
 ])
 def test_autoscaling(spec, expected):
     assert _autoscaling(spec) is expected
+
+
+@pytest.mark.parametrize("status, expected", [
+    (None, False),
+    ({"conditions": [SETTLED]}, False),
+    ({"conditions": [SETTLED, {"type": "DedupReady", "status": "False", "reason": "NodeNotReady"}]}, True),
+    ({"conditions": [{"type": "DedupReady", "status": "False", "reason": "NodeLost"}]}, False),  # acted on
+    ({"conditions": [{"type": "Ready", "status": "False", "reason": "NodeNotReady"}]}, False),
+])
+def test_node_waiting(status, expected):
+    """Stepped every 2 s while a node's threshold runs: the move comes at the threshold."""
+    assert _node_waiting(status) is expected

@@ -94,6 +94,16 @@ def _progressing(status, **_) -> bool:
         for c in st.get("conditions") or [])
 
 
+def _node_waiting(status, **_) -> bool:
+    """A dedup pod's node NotReady, below the threshold (DedupReady NodeNotReady): the pass that
+    acts comes within NODE_WAIT_POLL_SECONDS of the threshold, not up to a rebalance poll later."""
+    return any(c.get("type") == DEDUP and c.get("status") == "False" and c.get("reason") == NOT_READY_REASON
+               for c in (status or {}).get("conditions") or [])
+
+
+NODE_WAIT_POLL_SECONDS = 2.0
+
+
 def _autoscaling(spec, **_) -> bool:
     auto = ((spec or {}).get("dedup") or {}).get("autoscale")
     return isinstance(auto, dict) and auto.get("enabled", True) is not False
@@ -189,6 +199,11 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
     @kopf.timer(*RESOURCE, interval=config.rebalance_poll_seconds, initial_delay=config.rebalance_poll_seconds,
                 when=_progressing, registry=registry)
     def progress_step(body, logger, **kw):
+        resync(body=body, logger=logger, **kw)
+
+    @kopf.timer(*RESOURCE, interval=NODE_WAIT_POLL_SECONDS, initial_delay=NODE_WAIT_POLL_SECONDS,
+                when=_node_waiting, registry=registry)
+    def node_wait_step(body, logger, **kw):
         resync(body=body, logger=logger, **kw)
 
     # The autoscaler's sync period (control/autoscale.py): lag and records/s observed and
