@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def observe(p: Pass) -> nodeloss.Facts | None:
-    """The node facts of the pass, read once: the dedup stage asks first (draining), the node
+    """The node facts of the pass, read once: the dedup stage asks first (leaving), the node
     stage after it (run). None while node handling is off. Raises ApiException."""
     threshold = p.plane.settings.node_lost_seconds
     if threshold <= 0:
