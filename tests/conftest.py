@@ -39,6 +39,14 @@ def pytest_collection_modifyitems(items):
         for mark, fixtures in _PARTS.items():
             if used & fixtures:
                 item.add_marker(mark)
+    items.sort(key=lambda i: run_group(i.nodeid, i.fixturenames))  # stable: each group keeps its order
+
+
+def run_group(nodeid: str, fixtures) -> int:
+    """The unit tier first (one core of pure Python) while the node tier starts on the other
+    (tests/e2e/conftest.py), then the node tier's tests, then the rest: the tier is up only as
+    long as its tests need it."""
+    return 0 if nodeid.startswith("tests/unit/") else 1 if "node_tier" in fixtures else 2
 
 
 # Wall time per tier (tests/<tier>/...), setup and teardown included, printed at the end so the

@@ -85,7 +85,8 @@ def _k8s_bin(quiet: bool = True) -> Path:
 
 def up(app_image: bool, timeout: float, count: int) -> int:
     from localenv.kafka import ensure_kafka_jars
-    from localenv.node.images import ensure_images
+    from localenv.node.imagebundle import bundle
+    from localenv.node.images import CACHE as IMAGE_CACHE, ensure_images
 
     t0 = time.monotonic()
     if _serve_pid():
@@ -108,7 +109,9 @@ def up(app_image: bool, timeout: float, count: int) -> int:
     host.ensure_netns(specs)
     for spec in specs:
         host.ensure_cgroups(host.node_cgroup_root(spec.cgroup))
-    archives = [str(p) for _, p in images.values()]
+    # The app image apart: every source change makes a new one, and the bundle would be copied again.
+    archives = [str(bundle([p for name, (_, p) in images.items() if name != "app"], IMAGE_CACHE)),
+                *([str(images["app"][1])] if "app" in images else [])]
     if "spark-operator" in images:
         from localenv.node.cluster import SPARK_OPERATOR_CONF
         from localenv.node.sparkoperator import chart_dir

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from localenv.controlplane import ControlPlane, ControlPlaneError
@@ -204,6 +205,10 @@ class Node(Processes):
         is left for `down` to kill is only processes."""
         if not (self.cp.running and all(p.alive() for p in self.procs)):
             return
+        # Their controllers first: a DaemonSet's or Deployment's pod deleted alone comes back,
+        # and the wait below would run to its end.
+        self.kubectl("delete", "daemonsets,deployments,statefulsets,replicasets,jobs", "--all", "--all-namespaces",
+                     "--wait=false")
         self.kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=0", "--force",
                      "--wait=false")
         deadline = time.monotonic() + timeout
@@ -212,8 +217,8 @@ class Node(Processes):
 
     def stop(self) -> None:
         self._drain()
-        for spec in self.others:
-            kubelet.stop(spec)
+        with ThreadPoolExecutor() as pool:  # each node stops its own processes: at once
+            list(pool.map(kubelet.stop, self.others))
         self.stop_all()
         if self.kafka is not None:
             self.kafka.stop()

@@ -206,9 +206,19 @@ def stop(spec: NodeSpec, timeout: float = 30) -> None:
     except (OSError, ValueError):
         return
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return
+    while time.monotonic() < deadline and _running(pid):
         time.sleep(0.25)
+
+
+def _running(pid: int) -> bool:
+    """Not gone and not a zombie: the tier's serve launched the node and, waiting here, has not
+    reaped it (a zombie answers kill 0, which read as running until the timeout)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:  # a child of this process that exited: reaped
+            return False
+    except ChildProcessError:  # not a child of this process
+        pass
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

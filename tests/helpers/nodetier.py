@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,9 @@ def import_image(archive: Path) -> None:
     node, as `kind load image-archive` does."""
     from localenv.node.images import import_images
 
-    for node in running_nodes():
-        import_images(["ctr", "--address", str(node.containerd_sock)], [archive])
+    with ThreadPoolExecutor() as pool:  # each node's containerd on its own: both cores busy
+        list(pool.map(lambda node: import_images(["ctr", "--address", str(node.containerd_sock)], [archive]),
+                      running_nodes()))
 
 
 def shell_env(tools_bin: str) -> dict[str, str]:
@@ -194,9 +196,13 @@ def http_raw(ns: str, pod: str, ip: str, port: int, requests: list[bytes], timeo
     return res
 
 
-def node_cmd(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+def node_argv(*args: str) -> list[str]:
     """`python -m localenv.node ARGS` (what `make cluster` / `make cluster-down` run)."""
-    return subprocess.run([sys.executable, "-m", "localenv.node", *args], check=False, cwd=REPO_ROOT, text=True,
+    return [sys.executable, "-m", "localenv.node", *args]
+
+
+def node_cmd(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run(node_argv(*args), check=False, cwd=REPO_ROOT, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
 
 
