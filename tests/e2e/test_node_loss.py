@@ -285,7 +285,9 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
         for p in moved:
             assert kubectl_json("-n", ns, "get", "pvc", f"state-{p}")["metadata"]["uid"] != old_claims[p], p
         started, events = _events(ns, name, "RebalanceStarted"), _events(ns, name, "NodeDrained")
-        log(f"RebalanceStarted events:\n{started}NodeDrained events:\n{events}")
+        # Each rebalance's own account of its handoffs' pauses, beside the sampler's.
+        log(f"RebalanceStarted events:\n{started}NodeDrained events:\n{events}"
+            f"RebalanceCompleted events:\n{_events(ns, name, 'RebalanceCompleted')}")
         assert f"moving the partitions of {', '.join(moved)} off a cordoned node" in started, started
         assert all(f"deleted pod {p}: node {drained} is cordoned" in events and f"state-{p}" in events
                    for p in moved), events
