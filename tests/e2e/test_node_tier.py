@@ -25,7 +25,7 @@ from eopipe.control.builders import access as access_builders
 from eopipe.control.builders import dedup as dedup_builders
 from eopipe.control.builders.spark import RESTART_POLICY
 from eopipe.core.kafkaconf import OPT_IN
-from eopipe.core.names import LABEL_COMPONENT, LABEL_PIPELINE, Names
+from eopipe.core.names import LABEL_COMPONENT, LABEL_PIPELINE, Names, deduped_topic, dlq_topic, spark_commit_topic
 from eopipe.core.processing import DEFAULT_MOUNT_PATH as MOUNT_PATH
 from eopipe.core.spec import PipelineSpec
 from localenv import REPO_ROOT
@@ -44,6 +44,7 @@ from tests.helpers.nodepipes import (
     driver_says,
     helm_bin,
     install_operator,
+    RESTORE_GRANT,
     settled,
     start_load,
     verify_both_stages,
@@ -240,7 +241,7 @@ def _upgrade_operator(helm_bin: str, ns: str, name: str, images: dict) -> None:
             helm(helm_bin, "upgrade", "eopipe", str(REPO_ROOT / "charts" / "eopipe"), "-n", "eopipe-system",
                  "--reset-then-reuse-values", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
                  "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
-                 "--wait", "--timeout", "180s")
+                 *RESTORE_GRANT, "--wait", "--timeout", "180s")
         except AssertionError:
             log(f"the operator after the failed upgrade:\n{kubectl('-n', 'eopipe-system', 'describe', 'pods')}\n"
                 f"{kubectl('-n', 'eopipe-system', 'logs', '-l', 'app.kubernetes.io/name=eopipe', '--tail=60', check=False)}")
@@ -473,6 +474,13 @@ def _wait_resubmitted(ns: str, name: str) -> None:
     log(f"driver resubmitted (attempt 2), its query running again in {time.monotonic() - t:.0f}s")
 
 
+@pytest.fixture(scope="module")
+def object_store(node_tier):
+    """The SeaweedFS pod, for the tests of this module that back up; deleted after the last."""
+    yield _object_store_pod()
+    kubectl("delete", "namespace", node_objectstore.NAMESPACE, "--wait=false")
+
+
 def _object_store_pod() -> S3Credentials:
     """SeaweedFS as a pod (localenv/node/objectstore.py: its image, Deployment, claim, Service and
     S3 identity from a Secret), and the bucket `eopipe` made by an S3 call through its Service, as
@@ -494,6 +502,12 @@ def _object_store_pod() -> S3Credentials:
     log(f"SeaweedFS pod ({ref}) serving S3 at {node_objectstore.ENDPOINT}, bucket eopipe made, "
         f"in {time.monotonic() - t:.0f}s")
     return creds
+
+
+def _s3_secret(secret: str, pipeline: str, creds: S3Credentials) -> dict:
+    """The object store's credentials as a user keeps them: a Secret opened to the pipeline."""
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "annotations": {OPT_IN: pipeline}},
+            "stringData": creds.env()}
 
 
 def _backup_to(pipeline: str, secret: str) -> dict:
@@ -551,7 +565,7 @@ def _pipeline_events(ns: str, name: str, reason: str) -> list[str]:
     return [e["message"] for e in items if e["reason"] == reason]
 
 
-def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
+def test_file_sink_on_a_shared_claim_exactly_once(node_tier, object_store):
     """examples/file-sink.yaml as written: clicks deduplicated by a header, selected by SQL with
     the example's schema, written as Parquet by the driver and two executors onto one
     ReadWriteMany claim (the tier's `shared` class). Its dedup state backed up to SeaweedFS run as
@@ -564,9 +578,7 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
     _install_operator_if_absent(node_tier)
     ns, name = "clicks", "clicks"
     example = yaml.safe_load((REPO_ROOT / "examples" / "file-sink.yaml").read_text())
-    creds = _object_store_pod()
-    secret = {"apiVersion": "v1", "kind": "Secret",
-              "metadata": {"name": "clicks-s3", "annotations": {OPT_IN: name}}, "stringData": creds.env()}
+    secret = _s3_secret("clicks-s3", name, object_store)
     _start_spark_example(ns, name, "file-sink.yaml", _backup_to(name, "clicks-s3"), first=(secret,))
     pvc = kubectl_json("-n", ns, "get", "pvc", f"{name}-spark-checkpoint")
     assert pvc["status"]["accessModes"] == ["ReadWriteMany"], pvc["status"]
@@ -627,7 +639,6 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier):
     assert all(r[1] is not None and r[2] for r in rows), rows[:3]
     assert set(counts) == set(sent["expected"]) and max(counts.values()) == 1
     delete_spark_pipeline(ns, name)  # the cores to the next test
-    kubectl("delete", "namespace", node_objectstore.NAMESPACE, "--wait=false")
 
 
 def _operator_pods() -> set[str]:
@@ -656,7 +667,7 @@ FORMS = {"a": "SELECT key, id, account, 'a' AS form FROM events WHERE id IS NOT 
 
 
 @pytest.mark.timeout(2400)  # six driver starts, a pause, four changes under two loads, two verifies: 10-15 min
-def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_tier):
+def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_tier, object_store, tmp_path):
     """One pipeline (examples/payments.yaml on topics of its own, one dedup pod, its checkpoint on
     a ReadWriteMany claim that the aggregate's executors mount too) through the Spark stage's
     whole life on the real Spark Operator, its webhook on:
@@ -671,9 +682,12 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
       zero pods, the sink stays still while records keep arriving; the checkpoint claim stays;
     - resumed: a new SparkApplication whose driver resumes the same streaming query from the
       checkpoint.
-    Then spec.processing.upgradeMode (docs/upgrades.md) under a second load:
-    - the checkpoint claim deleted mid-load (and the driver with it): the operator creates the
-      claim again, and the new driver starts where the sink's markers end;
+    Then, under a second load, its namespace is deleted (deletionPolicy Retain: the topics stay)
+    once the dedup pod has a snapshot of each partition in SeaweedFS (spec.dedup.backup), and
+    the manifest `eopipe restore` makes of it is applied in another namespace (the admin's grant:
+    RESTORE_GRANT): each partition restored from its snapshot (a StateRestored event each), the
+    new driver, on a new checkpoint claim, starting where the sink's markers end. There, on
+    spec.processing.upgradeMode (docs/upgrades.md):
     - a stateless SQL change (projection A -> B), keepCheckpoint: goes on from the checkpoint;
     - a stateful change (a new aggregate) with keepCheckpoint: Spark refuses the checkpoint, the
       pipeline is Stalled (CheckpointIncompatible) naming fromSink, not submitted again;
@@ -686,8 +700,8 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
     doc = yaml.safe_load((REPO_ROOT / "examples" / "payments.yaml").read_text())
     proc = doc["spec"]["processing"]
     good_schema = proc["schema"]
-    doc["spec"].update(deletionPolicy="Delete", source={"topic": src, "partitions": 2})
-    doc["spec"]["dedup"]["replicas"] = 1
+    doc["spec"].update(source={"topic": src, "partitions": 2})
+    doc["spec"]["dedup"].update(replicas=1, backup=_backup_to(name, "payments-s3")["spec"]["dedup"]["backup"])
     doc["spec"]["sink"]["kafka"] = {"topic": sink, "partitions": 2}
     proc.update(sql=FORMS["a"], schema="id STRING, amount BIGINTT, user STRUCT<name: STRING",
                 checkpoint={"pvc": {"size": "1Gi", "accessMode": "ReadWriteMany", "storageClassName": "shared"}})
@@ -701,7 +715,10 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
              and driver_says(ns, app_name, "streaming query running", *words), 600, what, interval=3)
         log(f"{what}: in {time.monotonic() - t:.0f}s")
 
+    origin, restored_ns = ns, "sparklife-restored"
+    secret = _s3_secret("payments-s3", name, object_store)
     kubectl("create", "namespace", ns)
+    kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(secret))
     load = None
     try:
         apply()
@@ -809,13 +826,43 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         load = start_load(src, "200000", "120", "31")
         wait(lambda: _sink_end(sink) > base, 300, "the second load's first records in the sink", interval=3)
 
-        # The checkpoint claim deleted mid-load; it goes once the driver and executors are gone.
-        kubectl("-n", ns, "delete", "pvc", claim, "--wait=false")
-        kubectl("-n", ns, "delete", "pod", f"{app_name}-driver", "--wait=false")
-        log("deleted the checkpoint claim and the driver pod mid-load")
-        wait(lambda: (out := kubectl("-n", ns, "get", "pvc", claim, "-o", "jsonpath={.metadata.uid}", check=False))
-             and out != pvc["metadata"]["uid"], 400, "the claim created again by the operator", interval=3)
-        running("starting where the sink's markers say its output ends", what="a driver on the new claim")
+        # The namespace lost mid-load, once each partition has a snapshot; the pipeline restored
+        # into another from what is outside it (topics, offsets, snapshots, the sink's markers).
+        pod = f"{name}-dedup-0"
+        taken = wait(lambda: (up := _worker_log(ns, pod, "snapshot uploaded")) and all(
+            up.get(p, {}).get("applied_offset", 0) > 0 for p in (0, 1)) and up, 120, "a snapshot of each partition")
+        written = tmp_path / "payments.yaml"  # the manifest as the user keeps it (no namespace)
+        written.write_text(yaml.safe_dump(doc))
+        t = time.monotonic()
+        kubectl("delete", "namespace", ns, "--timeout=300s", timeout=330)
+        log(f"deleted namespace {ns} mid-load: gone in {time.monotonic() - t:.0f}s")
+        kept = {deduped_topic(ns, name), dlq_topic(ns, name), spark_commit_topic(ns, name), sink}
+        assert kept <= topics(), kept - topics()
+        res = eopipe("restore", str(written), "--namespace", restored_ns, "--from-namespace", ns)
+        assert res.returncode == 0, res.stderr
+        doc, ns = yaml.safe_load(res.stdout), restored_ns
+        proc = doc["spec"]["processing"]
+        assert doc["spec"]["restoreFrom"] == {"namespace": origin, "name": name}, doc["spec"]
+        kubectl("create", "namespace", ns)
+        kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(secret))
+        t = time.monotonic()
+        apply()
+
+        def restored_app() -> str:
+            st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}
+            stalled = [c for c in st.get("conditions") or [] if c["type"] == "Stalled" and c["status"] == "True"]
+            assert not stalled, stalled  # a refusal (policy, conflict) would hold it
+            return kubectl("-n", ns, "get", "sparkapplication", app_name, "-o", "name", "--ignore-not-found")
+        wait(restored_app, 300, "the restored pipeline's SparkApplication", interval=3)
+        running("starting where the sink's markers say its output ends", what="the restored pipeline's driver")
+        restored = _worker_log(ns, pod, "restored from snapshot")
+        for p in (0, 1):
+            log(f"partition {p}: snapshot at {taken[p]['applied_offset']} seen before the loss, restored at "
+                f"{restored.get(p, {}).get('snapshot_offset')}")
+            assert restored[p]["snapshot_offset"] >= taken[p]["applied_offset"], restored
+        told = wait(lambda: len(e := _pipeline_events(ns, name, "StateRestored")) >= 2 and e, 120,
+                    "a StateRestored event per partition")
+        log(f"restored into {ns} in {time.monotonic() - t:.0f}s: {told}")
 
         # A stateless change, keepCheckpoint: the same checkpoint goes on with B.
         proc["sql"] = FORMS["b"]
@@ -865,7 +912,7 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
 
         # The second load was stopped: the source is the truth, and it holds the first and last
         # loads' records whole.
-        reports = verify_both_stages(ns, name, src, sink)
+        reports = verify_both_stages(origin, name, src, sink)  # the origin's topics, as the restored one
         assert reports["dedup stage"]["unique_in"] >= sent["unique"] + json.loads(out)["unique"], reports
         assert reports["dedup stage"]["malformed_in"] == reports["dedup stage"]["dead_lettered"] == 10, reports
         got = _sink_forms(sink)
@@ -875,8 +922,8 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         if load is not None:
             load.kill()
         delete_spark_pipeline(ns, name, check=False)
-        delete_topics(ns, name, src, sink)
-        kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        delete_topics(origin, name, src, sink)
+        kubectl("delete", "namespace", origin, restored_ns, "--wait=false", "--ignore-not-found", check=False)
 
 
 def _spark_webhook(enable: bool) -> None:

@@ -29,13 +29,19 @@ def helm_bin() -> str:
                           capture_output=True, text=True).stdout.split()[-1]
 
 
+# The admin's grant the Spark lifecycle test's restore into another namespace needs
+# (tenantPolicy.restores); no other test's namespaces match it.
+RESTORE_GRANT = ("--set-json", 'tenantPolicy.restores=[{"from": "sparklife", "to": "sparklife-restored"}]')
+
+
 def install_operator(images: dict, *extra: str) -> None:
-    """The operator of this tree by `helm install` of charts/eopipe (`extra`: more helm flags)."""
+    """The operator of this tree by `helm install` of charts/eopipe, with RESTORE_GRANT (`extra`:
+    more helm flags)."""
     (repo, tag), (spark_repo, spark_tag) = images["app"].rsplit(":", 1), images["spark"].rsplit(":", 1)
     helm(helm_bin(), "install", "eopipe", str(REPO_ROOT / "charts" / "eopipe"), "-n", "eopipe-system",
          "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
          "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
-         *extra, "--wait", "--timeout", "180s")
+         *RESTORE_GRANT, *extra, "--wait", "--timeout", "180s")
 
 
 def start_load(topic: str, count: str, rate: str, seed: str) -> subprocess.Popen:

@@ -4,6 +4,8 @@ the real API server refuses what the operator's policy refuses, naming the field
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
@@ -111,4 +113,47 @@ def test_an_admin_can_allow_more(crds, kube_api, k8s_namespace, tools, helm_env)
         res = kubectl_apply(crds, k8s_namespace, good, check=False)
         assert res.returncode == 0, res.stderr
     finally:
+        kubectl(crds, "delete", "--ignore-not-found", "-f", "-", input=out)
+
+
+def test_restoring_from_another_namespace_needs_the_admins_grant(crds, kube_api, k8s_namespace, tools, helm_env,
+                                                                 tmp_path):
+    """spec.restoreFrom takes another pipeline's consumer group and topics: across namespaces only
+    where tenantPolicy.restores grants it (at admission, and `eopipe validate` with the same
+    policy); within its namespace always. Once stored, the field is neither removed, changed nor
+    added (the CRD's transition rule)."""
+    grant = [{"from": "shop", "to": k8s_namespace}]
+    out = _install(crds, k8s_namespace, tools, helm_env, "--set-json", f"tenantPolicy.restores={json.dumps(grant)}")
+    try:
+        base = changed(example("payments.yaml"), **{"metadata.namespace": k8s_namespace})
+        far = changed(base, **{"metadata.name": "far", "spec.restoreFrom": {"namespace": "bank", "name": "payments"}})
+        res = kubectl_apply(crds, k8s_namespace, far, check=False)
+        assert res.returncode != 0 and (f"spec.restoreFrom: continuing a pipeline of namespace bank in {k8s_namespace} "
+                                        "is not allowed by the tenant policy (tenantPolicy.restores)") in res.stderr, \
+            res.stderr
+        granted = changed(base, **{"metadata.name": "granted", "spec.restoreFrom": {"namespace": "shop",
+                                                                                     "name": "payments"}})
+        home = changed(base, **{"metadata.name": "home", "spec.restoreFrom": {"namespace": k8s_namespace,
+                                                                               "name": "old"}})
+        for doc in (granted, home, changed(base, **{"metadata.name": "plain"})):
+            res = kubectl_apply(crds, k8s_namespace, doc, check=False)
+            assert res.returncode == 0, res.stderr
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(yaml.safe_dump({"tenantPolicy": {"restores": grant}}))
+        files = [tmp_path / f"{d['metadata']['name']}.yaml" for d in (far, granted, home)]
+        for f, d in zip(files, (far, granted, home)):
+            f.write_text(yaml.safe_dump(d))
+        val = validate("--policy", policy, *files)
+        refused = " ".join(lines_about(val.stdout, files[0]))
+        assert val.returncode == 1 and "tenantPolicy.restores" in refused, val.stdout
+        assert all(f"{f}: ExactlyOncePipeline/{f.stem}: valid" in val.stdout for f in files[1:]), val.stdout
+        # Never moved between identities.
+        for doc, edit in ((granted, {"spec.restoreFrom": None}), (granted, {"spec.restoreFrom.name": "other"}),
+                          (changed(base, **{"metadata.name": "plain"}), {"spec.restoreFrom": {
+                              "namespace": "shop", "name": "payments"}})):
+            res = kubectl_apply(crds, k8s_namespace, changed(doc, **edit), check=False)
+            assert res.returncode != 0 and "restoreFrom is set when the pipeline is created and never changed" \
+                in res.stderr, (edit, res.stderr)
+    finally:
+        kubectl(crds, "delete", "-n", k8s_namespace, "exactlyoncepipelines", "--all", "--wait=false", check=False)
         kubectl(crds, "delete", "--ignore-not-found", "-f", "-", input=out)

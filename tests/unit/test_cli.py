@@ -52,6 +52,11 @@ def test_version_is_the_installed_distributions():
     (["validate"], "required: FILE"),
     (["validate", "/nonexistent/pipeline.yaml"], "cannot read /nonexistent/pipeline.yaml"),
     (["render", "/nonexistent/pipeline.yaml"], "cannot read /nonexistent/pipeline.yaml"),
+    (["restore", "examples/payments.yaml"], "required: --namespace"),
+    (["restore", "/nonexistent/pipeline.yaml", "--namespace", "n"], "cannot read /nonexistent/pipeline.yaml"),
+    (["restore", "charts/eopipe/values.yaml", "--namespace", "n"], "0 ExactlyOncePipelines in it"),
+    (["restore", "examples/payments.yaml", "--namespace", "n"], "give --from-namespace"),
+    ([*DEDUP, "--partitions", "0", "--identity", "payments"], "expected NAMESPACE/PIPELINE"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(args, says):
     res = eopipe(*args, timeout=20)  # a worker or load run that starts instead would time out

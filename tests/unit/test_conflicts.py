@@ -23,6 +23,7 @@ def c(ns, name, created, topic="events", **spec) -> Claim:
     return claim(body(ns, name, created, topic, **spec))
 
 
+ORIGIN = {"namespace": "a", "name": "p"}
 PROCESSING = {"processing": {"checkpoint": {"pvc": {}}}, "sink": {"kafka": {"topic": "out"}}}
 
 CASES = [
@@ -43,6 +44,16 @@ CASES = [
     ("reading what another writes is no conflict", c("b", "q", T2, "a.p.deduped"), [c("a", "p", T1)], []),
     ("writing another's source is no conflict", c("b", "q", T2, topics={"deduped": "events"}, source={
         "topic": "raw", "partitions": 4}), [c("a", "p", T1)], []),
+    ("a restored pipeline takes its origin's topics and group", c("b", "p", T2, restoreFrom=ORIGIN),
+     [c("a", "p", T1)], [("a.p.deduped", "deduped", "a/p", "deduped"), ("a.p.dlq", "dead-letter", "a/p", "dead-letter"),
+                         ("group:a.p.dedup", "consumer group", "a/p", "consumer group")]),
+    ("topics named apart, the group is still one", c("b", "p", T2, restoreFrom=ORIGIN, topics={
+        "deduped": "x", "deadLetter": "y"}), [c("a", "p", T1)],
+     [("group:a.p.dedup", "consumer group", "a/p", "consumer group")]),
+    ("two restores of one pipeline: the newer yields", c("c", "p", T2, restoreFrom=ORIGIN),
+     [c("b", "p", T1, restoreFrom=ORIGIN)], [("a.p.deduped", "deduped", "b/p", "deduped"),
+                                              ("a.p.dlq", "dead-letter", "b/p", "dead-letter"),
+                                              ("group:a.p.dedup", "consumer group", "b/p", "consumer group")]),
     ("same second: namespace, then name decides", c("a", "q", T1, topics={"deduped": "x"}),
      [c("a", "p", T1, topics={"deduped": "x"})], [("x", "deduped", "a/p", "deduped")]),
     ("same second, the earlier name goes on", c("a", "p", T1, topics={"deduped": "x"}),
@@ -62,6 +73,12 @@ def test_conflicts(what, me, others, want):
 def test_the_message_names_the_other_pipeline_the_topic_and_the_way_out():
     (x,) = conflicts(c("b", "p", T2, topics={"deduped": "a.p.deduped"}), [c("a", "p", T1)])
     assert "a.p.deduped" in x.message() and "a/p" in x.message() and "spec.topics" in x.message()
+
+
+def test_a_shared_group_says_so():
+    x = conflicts(c("b", "p", T2, restoreFrom=ORIGIN), [c("a", "p", T1)])[-1]
+    assert x.message().startswith("consumer group a.p.dedup (and its transactional ids) is also that of") \
+        and "a/p" in x.message(), x.message()
 
 
 def test_an_invalid_spec_claims_nothing():

@@ -6,7 +6,9 @@ spec through `core.names`; a topic it only reads (its source) is no conflict, so
 pipelines may read one source topic. When two pipelines would write one topic, the newer one
 (by `metadata.creationTimestamp`, then namespace and name) yields: it is Stalled with reason
 Conflict and the operator neither touches its topics nor starts its workers; the older one
-goes on as if the newer did not exist.
+goes on as if the newer did not exist. The dedup stage's consumer group (and with it its
+transactional ids) is claimed the same way: a pipeline restored from another (`spec.restoreFrom`)
+takes that one's, and only one may commit under it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from pydantic import ValidationError
 
 from eopipe.core.names import Names
 from eopipe.core.spec import PipelineSpec
+
+
+GROUP = "consumer group"
+GROUP_PREFIX = "group:"  # a claim's groups and topics share one namespace of names, kept apart by this
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,10 @@ class Conflict:
     other_role: str   # the topic's role there
 
     def message(self) -> str:
+        if self.role == GROUP:
+            return (f"consumer group {self.topic.removeprefix(GROUP_PREFIX)} (and its transactional ids) is also "
+                    f"that of the older pipeline {self.other} (spec.restoreFrom); two pipelines must not commit "
+                    f"under one, so this one does nothing until {self.other} is gone")
         return (f"topic {self.topic} ({self.role}) is also the {self.other_role} topic of the older pipeline "
                 f"{self.other}; two pipelines must not write one topic, so this one does nothing until it "
                 f"names another topic (spec.topics, spec.sink.kafka.topic) or {self.other} is gone")
@@ -58,8 +68,12 @@ def claim(body: dict) -> Claim | None:
         spec = PipelineSpec.model_validate(body.get("spec") or {})
     except ValidationError:
         return None
-    names = Names(meta.get("namespace", ""), meta.get("name", ""), spec)
-    return Claim(names.namespace, names.pipeline, meta.get("creationTimestamp") or "", names.written_topics)
+    return claim_of(Names(meta.get("namespace", ""), meta.get("name", ""), spec), meta.get("creationTimestamp") or "")
+
+
+def claim_of(names: Names, created: str) -> Claim:
+    written = {**names.written_topics, GROUP: GROUP_PREFIX + names.consumer_group}
+    return Claim(names.namespace, names.pipeline, created, written)
 
 
 def conflicts(me: Claim, others: Iterable[Claim]) -> list[Conflict]:

@@ -91,6 +91,11 @@ class ObjectStorePolicy(_Section):
                                                        "empty: any")
 
 
+class RestoreGrant(_Section):
+    from_: str = Field(alias="from", min_length=1, description="namespace glob of the pipelines that may be continued")
+    to: str = Field(min_length=1, description="namespace glob of the pipelines that may continue them")
+
+
 class SchedulingPolicy(_Section):
     toleration_keys: tuple[str, ...] = ("*",)
     denied_toleration_keys: tuple[str, ...] = ()
@@ -105,6 +110,9 @@ class TenantPolicy(_Section):
     object_store: ObjectStorePolicy = ObjectStorePolicy()
     scheduling: SchedulingPolicy = SchedulingPolicy()
     max_storage: str = MAX_STORAGE
+    restores: tuple[RestoreGrant, ...] = Field(
+        (), description="spec.restoreFrom across namespaces: which namespace's pipelines may be continued from "
+                        "which; within one namespace it needs no grant")
 
 
 def parse(doc: Mapping | None) -> TenantPolicy:
@@ -208,9 +216,26 @@ def bootstrap_refusals(servers: str, policy: TenantPolicy) -> list[str]:
             for s in (x.strip() for x in servers.split(",")) if s and not matches(s, allow)]
 
 
-def refusals(spec, policy: TenantPolicy, allowed_registries: tuple[str, ...] = ()) -> list[str]:
-    """Everything in `spec` (a PipelineSpec) the policy refuses, as `spec.<field>: <why>`."""
+def restore_refusal(namespace: str | None, spec, policy: TenantPolicy) -> str | None:
+    """A pipeline in `namespace` continuing one of another namespace takes that one's consumer
+    group, transactional ids and topics, so it reads that tenant's records: only where the admin
+    granted it. `namespace` None (a manifest without one, read offline): not judged."""
+    origin = spec.restore_from
+    if origin is None or namespace is None or origin.namespace == namespace:
+        return None
+    if any(glob_regex(g.from_).fullmatch(origin.namespace) and glob_regex(g.to).fullmatch(namespace)
+           for g in policy.restores):
+        return None
+    return (f"restoreFrom: continuing a pipeline of namespace {origin.namespace} in {namespace} is not allowed "
+            "by the tenant policy (tenantPolicy.restores)")
+
+
+def refusals(spec, policy: TenantPolicy, allowed_registries: tuple[str, ...] = (),
+             namespace: str | None = None) -> list[str]:
+    """Everything in `spec` (a PipelineSpec) of a pipeline in `namespace` the policy refuses, as
+    `spec.<field>: <why>`."""
     out = [why.removeprefix("spec.") for why in access.refused_images(spec, allowed_registries)]
+    out += [why] if (why := restore_refusal(namespace, spec, policy)) else []
     out += bootstrap_refusals(spec.kafka.bootstrap_servers, policy)
     dedup = spec.dedup
     endpoint = dedup.backup.endpoint if dedup.backup is not None else None

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from eopipe.control import policy, stage_dedup, stage_health, stage_nodes, stage_spark
 from eopipe.control.builders.topics import desired_topics
-from eopipe.control.conflicts import Claim, claim, conflicts
+from eopipe.control.conflicts import Claim, claim, claim_of, conflicts
 from eopipe.control.kube import Applier, ApplyError
 from eopipe.control.observe import Observer
 from eopipe.control.ownership import ObjectConflict
@@ -70,8 +70,7 @@ class Reconciler:
             out.stalled = Condition(STALLED, True, "PolicyDenied", why)
             out.stages += [Condition(t, False, "PolicyDenied", why) for t in (DEDUP, PROCESSING)]
             return out
-        found = conflicts(Claim(names.namespace, names.pipeline, meta.get("creationTimestamp") or "",
-                                names.written_topics), self._claims())
+        found = conflicts(claim_of(names, meta.get("creationTimestamp") or ""), self._claims())
         if found:
             # The newer of two pipelines that would write one topic does nothing: no topic
             # created or altered, no worker started.
@@ -105,7 +104,8 @@ class Reconciler:
     def _refusals(self, names: Names) -> list[str]:
         """What the admin's tenant policy refuses in the spec, the Secrets it names included."""
         refs = policy.secret_refs(names.spec)
-        return (policy.refusals(names.spec, self.settings.tenant_policy, self.settings.allowed_registries)
+        return (policy.refusals(names.spec, self.settings.tenant_policy, self.settings.allowed_registries,
+                                names.namespace)
                 + policy.secret_refusals(refs, self.plane.observer.secret_annotations(names, refs), names.pipeline))
 
     def _claims(self) -> list[Claim]:

@@ -3,7 +3,9 @@
 Kafka topics are cluster-wide while pipelines are namespaced: the topics a pipeline writes
 (deduped, dead-letter, Spark commits) and its transactional ids therefore carry namespace and
 pipeline name, so two pipelines that read one source topic never write the same topic. The
-deduped and dead-letter topics can be named in `spec.topics` instead.
+deduped and dead-letter topics can be named in `spec.topics` instead. A pipeline restored into
+another namespace (`spec.restoreFrom`) keeps these names of the pipeline it continues: its
+Kafka `identity`.
 """
 
 from __future__ import annotations
@@ -94,12 +96,18 @@ class Names:
         return self.spec.source.topic
 
     @property
+    def identity(self) -> tuple[str, str]:
+        """(namespace, pipeline) of the Kafka names: its own, or those of the pipeline it continues."""
+        origin = self.spec.restore_from
+        return (origin.namespace, origin.name) if origin is not None else (self.namespace, self.pipeline)
+
+    @property
     def deduped_topic(self) -> str:
-        return self.spec.topics.deduped or deduped_topic(self.namespace, self.pipeline)
+        return self.spec.topics.deduped or deduped_topic(*self.identity)
 
     @property
     def dlq_topic(self) -> str:
-        return self.spec.topics.dead_letter or dlq_topic(self.namespace, self.pipeline)
+        return self.spec.topics.dead_letter or dlq_topic(*self.identity)
 
     @property
     def sink_topic(self) -> str | None:
@@ -108,7 +116,7 @@ class Names:
 
     @property
     def spark_commit_topic(self) -> str:
-        return spark_commit_topic(self.namespace, self.pipeline)
+        return spark_commit_topic(*self.identity)
 
     @property
     def written_topics(self) -> dict[str, str]:
@@ -145,7 +153,7 @@ class Names:
 
     @property
     def consumer_group(self) -> str:
-        return consumer_group(self.namespace, self.pipeline)
+        return consumer_group(*self.identity)
 
     def labels(self, component: str) -> dict[str, str]:
         return {LABEL_APP: "eopipe", LABEL_INSTANCE: self.pipeline, LABEL_COMPONENT: component,

@@ -106,6 +106,9 @@ POD_LABELS_MESSAGE = ("dedup.podTemplate.labels may not set the operator's label
 POD_ENV_MESSAGE = (f"dedup.podTemplate.env may not set {', '.join(OPERATOR_ENV)} or {OPERATOR_ENV_PREFIX}*: "
                    "the operator sets them (Kafka settings come from spec.kafka)")
 POD_ENV_VALUE_MESSAGE = "dedup.podTemplate.env: an entry has either value or valueFrom, not both"
+RESTORE_FROM_MESSAGE = ("restoreFrom is set when the pipeline is created and never changed: it decides the "
+                        "consumer group and transactional ids the dedup and Spark stages commit under")
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # Fields whose change cannot be carried out in place, each with the way to get there instead.
 IMMUTABLE = {
     ("source", "topic"): "source.topic is immutable: the dedup state and the consumer offsets belong "
@@ -281,6 +284,14 @@ class SinkSpec(Model):
         return self
 
 
+class RestoreFrom(Model):
+    """The pipeline this one continues (docs/design.md#restore-into-a-new-namespace): its Kafka
+    identities (consumer group, transactional ids, the default topic names) are that one's."""
+    namespace: str = Field(min_length=1, max_length=63, pattern=DNS1123_LABEL,
+                           description="the namespace the pipeline ran in")
+    name: str = Field(min_length=1, max_length=63, pattern=DNS1123_LABEL, description="its name there")
+
+
 class PipelineSpec(Model):
     kafka: KafkaSpec
     source: SourceSpec
@@ -298,6 +309,10 @@ class PipelineSpec(Model):
     image_pull_secrets: list[LocalObjectReference] = Field(
         default_factory=list, max_length=32,
         description="Secrets for pulling the dedup and Spark images, as in a pod spec")
+    restore_from: RestoreFrom | None = Field(
+        None, description="continue a pipeline of another namespace or name (its topics kept, its state in "
+                          "spec.dedup.backup): this one takes its consumer group, transactional ids and default "
+                          "topic names; set at creation only; `eopipe restore` writes it")
 
     @model_validator(mode="after")
     def _cross_field(self):
@@ -331,7 +346,8 @@ def immutable_changes(old: PipelineSpec, new: PipelineSpec) -> list[str]:
         for name in path:
             spec = getattr(spec, name)
         return spec
-    return [msg for path, msg in IMMUTABLE.items() if at(old, path) != at(new, path)]
+    out = [msg for path, msg in IMMUTABLE.items() if at(old, path) != at(new, path)]
+    return (out + [RESTORE_FROM_MESSAGE]) if old.restore_from != new.restore_from else out
 
 
 # CEL rules the API server enforces; each mirrors a check above (or needs oldSelf).
@@ -353,6 +369,10 @@ CEL_RULES = {
         {"rule": "!has(self.dedup) || !has(self.dedup.autoscale) || "
                  "self.dedup.autoscale.maxReplicas <= self.source.partitions",
          "message": AUTOSCALE_PARTITIONS_MESSAGE},
+        # A transition rule (checked on update only): neither added, removed nor changed.
+        {"rule": "has(self.restoreFrom) == has(oldSelf.restoreFrom) && "
+                 "(!has(self.restoreFrom) || self.restoreFrom == oldSelf.restoreFrom)",
+         "message": RESTORE_FROM_MESSAGE},
     ],
     ("source",): [
         {"rule": "!('retention.ms' in self.config)", "message": RETENTION_MESSAGE},

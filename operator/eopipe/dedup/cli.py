@@ -42,6 +42,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     ap.add_argument("--pipeline", required=True, help="pipeline name (part of transactional.id and group)")
     ap.add_argument("--namespace", default=env("POD_NAMESPACE", d["namespace"]),
                     help=f"namespace (env POD_NAMESPACE; default {d['namespace']!r})")
+    ap.add_argument("--identity", metavar="NAMESPACE/PIPELINE", default=d["identity"],
+                    help="the pipeline whose consumer group and transactional ids to use (a restored "
+                         "pipeline's origin; default --namespace/--pipeline)")
     ap.add_argument("--partitions", type=_partitions,
                     help="fixed owned partitions, e.g. 0,1,2 or 0-5 (instead of an assignment)")
     ap.add_argument("--assignment-file", type=Path,
@@ -114,7 +117,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
     return WorkerConfig(
         bootstrap=args.bootstrap, source_topic=args.source_topic, output_topic=args.output_topic,
         dlq_topic=args.dlq_topic, pipeline=args.pipeline, namespace=args.namespace,
-        partitions=args.partitions, assignment_file=args.assignment_file,
+        identity=args.identity, partitions=args.partitions, assignment_file=args.assignment_file,
         assignment_configmap=args.assignment_configmap, pod_name=args.pod_name,
         key_spec=args.key, window_seconds=args.window, segments=args.segments,
         partitioner=args.partitioner, state_dir=args.state_dir, http_host=args.http_host,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from eopipe.core import defaults, names
 from eopipe.core.keys import KeySpec
 from eopipe.dedup import snapshot
+
+IDENTITY_PATTERN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 
 
 def parse_partitions(text: str) -> list[int]:
@@ -33,6 +36,9 @@ class WorkerConfig:
     output_topic: str
     pipeline: str
     namespace: str = "default"
+    # The pipeline whose consumer group and transactional ids these are, "<namespace>/<pipeline>":
+    # None is this one; a restored pipeline's is the one it continues (core/names.py).
+    identity: str | None = None
     dlq_topic: str | None = None
     # Ownership: a fixed list, or the operator's assignment (dedup/assignment_source.py).
     partitions: list[int] | None = None
@@ -88,21 +94,30 @@ class WorkerConfig:
             raise ValueError("memory budget must be at least 8 MiB")
         if self.backup_uri is not None:
             snapshot.parse_uri(self.backup_uri)
+        if self.identity is not None and not re.fullmatch(IDENTITY_PATTERN, self.identity):
+            raise ValueError(f"--identity {self.identity!r}: expected NAMESPACE/PIPELINE")
         if self.backup_interval_seconds < 1 or self.backup_retention < 1:
             raise ValueError("the backup interval must be at least 1 s and the retention at least 1")
         self.state_dir = Path(self.state_dir)
         if not self.dlq_topic:
             # Malformed records are never dropped: without an explicit DLQ they go here.
-            self.dlq_topic = names.dlq_topic(self.namespace, self.pipeline)
+            self.dlq_topic = names.dlq_topic(*self.kafka_identity)
         if self.assignment_file is not None:
             self.assignment_file = Path(self.assignment_file)
 
     @property
     def group_id(self) -> str:
-        return names.consumer_group(self.namespace, self.pipeline)
+        return names.consumer_group(*self.kafka_identity)
 
     def transactional_id(self, partition: int) -> str:
-        return names.transactional_id(self.namespace, self.pipeline, partition)
+        return names.transactional_id(*self.kafka_identity, partition)
+
+    @property
+    def kafka_identity(self) -> tuple[str, str]:
+        if self.identity is None:
+            return self.namespace, self.pipeline
+        namespace, _, pipeline = self.identity.partition("/")
+        return namespace, pipeline
 
     @property
     def window_ms(self) -> int:

@@ -108,6 +108,28 @@ def cmd_render(args: argparse.Namespace) -> int:
         args.parser.error(str(e))
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    import yaml
+
+    from eopipe.core import manifest
+    from eopipe.core.spec import KIND
+    from eopipe.tools import manifests
+    from eopipe.tools.restore import CannotRestore, restored
+
+    try:
+        _, docs = manifests.load(args.file)
+        pipelines = [d for d in docs if manifest.is_pipeline(d)]
+        if len(pipelines) != 1:
+            raise CannotRestore(f"{len(pipelines)} {KIND}s in it: give a file with one")
+        out = restored(pipelines[0], args.namespace, args.from_namespace, args.name)
+    except (manifests.Unreadable, manifests.NotYaml) as e:
+        args.parser.error(str(e))
+    except CannotRestore as e:
+        args.parser.error(f"{args.file}: {e}")
+    print(yaml.safe_dump(out, sort_keys=False, width=100), end="")
+    return 0
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     from eopipe.control.crd import render
 
@@ -307,6 +329,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the Kafka cluster's broker count, which topics without source.replicationFactor "
                           "follow (default 3)")
     ren.set_defaults(func=cmd_render, parser=ren)
+
+    res = sub.add_parser(
+        "restore", help="print the manifest that continues a pipeline in another namespace",
+        description="Print FILE's ExactlyOncePipeline for --namespace with spec.restoreFrom naming the "
+                    "pipeline it continues (the one FILE continues, if any): applied there, it takes that "
+                    "pipeline's topics, consumer group and transactional ids, restores the dedup state from "
+                    "spec.dedup.backup and starts Spark where the sink's commit markers end "
+                    "(docs/operations.md). FILE: the manifest as written or as `kubectl get -o yaml` prints "
+                    "it. Exit status: 0, 2 usage error or a file that cannot be restored.")
+    res.add_argument("file", metavar="FILE", help="manifest file with one pipeline, or - for stdin")
+    res.add_argument("--namespace", required=True, help="the namespace to restore into")
+    res.add_argument("--name", help="the restored pipeline's name (default: the same)")
+    res.add_argument("--from-namespace", metavar="NAMESPACE",
+                     help="where the pipeline ran, when the manifest names no namespace")
+    res.set_defaults(func=cmd_restore, parser=res)
 
     crd = sub.add_parser("crd", help="print the ExactlyOncePipeline CRD (YAML)",
                          description="Print the ExactlyOncePipeline CustomResourceDefinition as YAML.")

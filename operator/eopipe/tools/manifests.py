@@ -174,7 +174,9 @@ def problems_of(node: yaml.Node, doc: dict, tenant_policy: policy.TenantPolicy,
     if repeated := duplicates(node):  # a strict decoding error: the API server checks nothing more
         return repeated
     try:
-        return policy.refusals(manifest.parse(doc).spec, tenant_policy, allowed_registries)
+        namespace = (doc.get("metadata") or {}).get("namespace")
+        return policy.refusals(manifest.parse(doc).spec, tenant_policy, allowed_registries,
+                               namespace if isinstance(namespace, str) else None)
     except manifest.Invalid as e:
         return e.problems
 

@@ -46,9 +46,10 @@ def spark_config(names: Names, generation: int = 0) -> dict:
     generation: the checkpoint's (status.sparkCheckpoint, control/sparkstage.checkpoint_record)."""
     spec = names.spec
     proc, sink = spec.processing, spec.sink
+    namespace, pipeline = names.identity  # they make the Kafka ids (spark_app/config.py)
     conf = {
-        "pipeline": names.pipeline,
-        "namespace": names.namespace,
+        "pipeline": pipeline,
+        "namespace": namespace,
         "bootstrap": spec.kafka.bootstrap_servers,
         "source_topic": names.deduped_topic,
         "sql": proc.sql,

@@ -1,0 +1,53 @@
+"""`eopipe restore`: a pipeline's manifest made into the one that continues it in another namespace
+(docs/operations.md#restore-a-pipeline-into-a-new-namespace).
+
+What carries exactly-once across is outside the namespace: the topics (kept by
+`deletionPolicy: Retain`), the dedup group's committed offsets in Kafka, the snapshots in
+`spec.dedup.backup` and the Spark sink's commit markers. The restored pipeline finds them by the
+origin's names: `spec.restoreFrom`, which this writes. Pure: a document in, a document out."""
+
+from __future__ import annotations
+
+from eopipe.core import manifest
+from eopipe.core.spec import KIND
+
+# Metadata that belongs to the stored object, not to the manifest a user applies.
+KEPT_METADATA = ("labels", "annotations")
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+class CannotRestore(ValueError):
+    """The document cannot be restored (a usage error: exit 2)."""
+
+
+def restored(doc: dict, namespace: str, origin_namespace: str | None = None, name: str | None = None) -> dict:
+    """`doc` (a pipeline as written, or as `kubectl get -o yaml` prints it) for `namespace`, with
+    spec.restoreFrom naming the pipeline whose Kafka names it takes: the one `doc` already
+    continues, else `doc` itself (its namespace: the manifest's, else `origin_namespace`)."""
+    if not manifest.is_pipeline(doc):
+        raise CannotRestore(f"not an {KIND}")
+    try:
+        pipeline = manifest.parse(doc)
+    except manifest.Invalid as e:
+        raise CannotRestore(f"{KIND} not valid: {e.problems[0]}") from None
+    origin = pipeline.spec.restore_from
+    if origin is not None:
+        source = {"namespace": origin.namespace, "name": origin.name}
+    elif pipeline.namespace or origin_namespace:
+        source = {"namespace": pipeline.namespace or origin_namespace, "name": pipeline.name}
+    else:
+        raise CannotRestore("the manifest names no namespace: give --from-namespace, where the pipeline ran")
+    meta = doc.get("metadata") or {}
+    new_meta = {"name": name or pipeline.name, "namespace": namespace}
+    for key in KEPT_METADATA:
+        kept = {k: v for k, v in (meta.get(key) or {}).items() if k != LAST_APPLIED}
+        if kept:
+            new_meta[key] = kept
+    spec = {k: v for k, v in doc["spec"].items() if k != "restoreFrom"}
+    if source != {"namespace": namespace, "name": new_meta["name"]}:
+        spec["restoreFrom"] = source
+    elif origin is None:
+        raise CannotRestore(f"{namespace}/{new_meta['name']} is the pipeline itself: restore into another "
+                            "namespace (--namespace) or name (--name)")
+    # else back where it first ran, where those names are its own: no restoreFrom
+    return {"apiVersion": doc["apiVersion"], "kind": KIND, "metadata": new_meta, "spec": spec}
