@@ -667,7 +667,7 @@ FORMS = {"a": "SELECT key, id, account, 'a' AS form FROM events WHERE id IS NOT 
 
 
 @pytest.mark.timeout(2400)  # six driver starts, a pause, four changes under two loads, two verifies: 10-15 min
-def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_tier, object_store, tmp_path):
+def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_tier, object_store):
     """One pipeline (examples/payments.yaml on topics of its own, one dedup pod, its checkpoint on
     a ReadWriteMany claim that the aggregate's executors mount too) through the Spark stage's
     whole life on the real Spark Operator, its webhook on:
@@ -684,8 +684,8 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
       checkpoint.
     Then, under a second load, its namespace is deleted (deletionPolicy Retain: the topics stay)
     once the dedup pod has a snapshot of each partition in SeaweedFS (spec.dedup.backup), and
-    the manifest `eopipe restore` makes of it is applied in another namespace (the admin's grant:
-    RESTORE_GRANT): each partition restored from its snapshot (a StateRestored event each), the
+    the manifest `eopipe restore` makes of the one the dedup pod kept there is applied in another
+    namespace (the admin's grant: RESTORE_GRANT): each partition restored from its snapshot (a StateRestored event each), the
     new driver, on a new checkpoint claim, starting where the sink's markers end. There, on
     spec.processing.upgradeMode (docs/upgrades.md):
     - a stateless SQL change (projection A -> B), keepCheckpoint: goes on from the checkpoint;
@@ -831,18 +831,24 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         pod = f"{name}-dedup-0"
         taken = wait(lambda: (up := _worker_log(ns, pod, "snapshot uploaded")) and all(
             up.get(p, {}).get("applied_offset", 0) > 0 for p in (0, 1)) and up, 120, "a snapshot of each partition")
-        written = tmp_path / "payments.yaml"  # the manifest as the user keeps it (no namespace)
-        written.write_text(yaml.safe_dump(doc))
         t = time.monotonic()
         kubectl("delete", "namespace", ns, "--timeout=300s", timeout=330)
         log(f"deleted namespace {ns} mid-load: gone in {time.monotonic() - t:.0f}s")
         kept = {deduped_topic(ns, name), dlq_topic(ns, name), spark_commit_topic(ns, name), sink}
         assert kept <= topics(), kept - topics()
-        res = eopipe("restore", str(written), "--namespace", restored_ns, "--from-namespace", ns)
+        # The manifest from where the dedup pods kept it, beside their snapshots (as of the last
+        # apply: the fixed schema), read with the Secret's credentials.
+        ip = kubectl("-n", node_objectstore.NAMESPACE, "get", "service", node_objectstore.NAME,
+                     "-o", "jsonpath={.spec.clusterIP}")
+        res = nodetier.run(in_tier("env", *(f"{k}={v}" for k, v in object_store.env().items()), EOPIPE, "restore",
+                                   f"s3://eopipe/{name}", "--endpoint", f"http://{ip}:{node_objectstore.S3_PORT}",
+                                   "--namespace", restored_ns), timeout=120)
         assert res.returncode == 0, res.stderr
-        doc, ns = yaml.safe_load(res.stdout), restored_ns
+        restored_doc, ns = yaml.safe_load(res.stdout), restored_ns
+        assert restored_doc["spec"].pop("restoreFrom") == {"namespace": origin, "name": name}, restored_doc["spec"]
+        assert PipelineSpec.model_validate(restored_doc["spec"]) == PipelineSpec.model_validate(doc["spec"])
+        doc = {**restored_doc, "spec": {**restored_doc["spec"], "restoreFrom": {"namespace": origin, "name": name}}}
         proc = doc["spec"]["processing"]
-        assert doc["spec"]["restoreFrom"] == {"namespace": origin, "name": name}, doc["spec"]
         kubectl("create", "namespace", ns)
         kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(secret))
         t = time.monotonic()

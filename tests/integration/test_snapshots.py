@@ -2,16 +2,24 @@
 (docs/design.md#snapshots): a worker uploads snapshots; its volume is lost; the restarted
 worker restores the newest snapshot and replays the source only from the snapshot's offset,
 catching duplicates of records seen before the snapshot; `verify` finds nothing lost or
-duplicated. And a corrupt snapshot file is not used: the partition is rebuilt, logged."""
+duplicated. The worker keeps the pipeline's manifest there too, as it changes, and `eopipe
+restore` reads it back. And a corrupt snapshot file is not used: the partition is rebuilt, logged."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import uuid
 
 import pytest
+import yaml
 
+from eopipe.control.builders.dedup import manifest
+from eopipe.core.names import Names
+from eopipe.core.spec import PipelineSpec
 from tests.helpers.rebalance import wait_until
 
 pytestmark = pytest.mark.kafka
@@ -28,6 +36,18 @@ def snapshots(w) -> dict[int, dict]:
     return out
 
 
+def uploads(w) -> list[dict]:
+    return [d for d in w.logs() if d.get("msg") == "pipeline manifest uploaded"]
+
+
+def _manifest(replicas: int) -> str:
+    """What the operator puts in the assignment ConfigMap for shop/payments."""
+    spec = PipelineSpec.model_validate({"kafka": {"bootstrapServers": "kafka:9092"},
+                                        "source": {"topic": "events", "partitions": 3},
+                                        "dedup": {"replicas": replicas}})
+    return manifest(Names("shop", "payments", spec))
+
+
 def events(w, msg: str) -> dict[int, dict]:
     return {d["partition"]: d for d in w.logs() if d.get("msg") == msg}
 
@@ -39,13 +59,27 @@ def test_a_lost_volume_is_restored_from_the_snapshot_and_replayed_from_its_offse
     env = {**object_store.creds.env(), "AWS_ENDPOINT_URL": object_store.endpoint}
 
     # 1. Backups on: a load, drained, then snapshots at the committed offsets.
-    w = pipe.worker(PARTS, extra=backups, env=env).start().wait_ready()
+    kept = pipe.tmp / "pipeline.yaml"  # the assignment ConfigMap's pipeline.yaml, as a pod has it
+    kept.write_text(_manifest(replicas=1))
+    w = pipe.worker(PARTS, extra=[*backups, "--pipeline-manifest", str(kept)], env=env).start().wait_ready()
     first = pipe.load(20_000, dup_ratio=0.2, seed=71)
     pipe.wait_drained()
     committed = {p: w.status()["partitions"][str(p)]["committed"] for p in PARTS}
     wait_until(lambda: all(snapshots(w).get(p, {}).get("applied_offset") == committed[p] for p in PARTS),
                what="snapshots at the committed offsets", timeout=60)
     taken = snapshots(w)
+    # The pipeline's manifest, uploaded again once it changed; `eopipe restore` reads the newest.
+    wait_until(lambda: len(uploads(w)) == 1, what="the pipeline's manifest uploaded", timeout=30)
+    kept.write_text(_manifest(replicas=2))
+    wait_until(lambda: len(uploads(w)) == 2, what="the changed manifest uploaded", timeout=30)
+    res = subprocess.run([sys.executable, "-m", "eopipe.tools.cli", "restore", f"s3://{bucket}/dedup",
+                          "--namespace", "shop-restored"], env={**os.environ, **env}, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    back = yaml.safe_load(res.stdout)
+    assert back["metadata"] == {"name": "payments", "namespace": "shop-restored"}, back
+    assert back["spec"]["restoreFrom"] == {"namespace": "shop", "name": "payments"}, back
+    assert back["spec"]["dedup"]["replicas"] == 2, back
     assert w.terminate() == 0
     # 2. Without backups: more records (new ones and resends of the first), committed after the
     # snapshot. A load with the same seed and ratios sends the same keys again (its prefix).

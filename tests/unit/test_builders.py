@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from eopipe.control.builders import dedup, spark, topics
 from eopipe.core.assignment import Assignment, assign
@@ -50,6 +51,21 @@ def test_assignment_configmap_round_trips():
     cm = dedup.assignment_configmap(example_names(), a)
     assert cm["metadata"]["annotations"]["eopipe.dev/assignment-generation"] == "4"
     assert Assignment.from_json(json.loads(cm["data"][dedup.ASSIGNMENT_KEY])) == a
+
+
+def test_the_assignment_configmap_carries_the_pipelines_manifest():
+    """What `eopipe restore` reads back from the object store: the same spec, and the same text
+    whether the API server filled in the defaults or not (`eopipe render` is compared with it)."""
+    from eopipe.core import manifest
+    from eopipe.core.spec import PipelineSpec
+
+    n = example_names()
+    doc = yaml.safe_load(dedup.assignment_configmap(n, Assignment(1, {}))["data"][dedup.MANIFEST_KEY])
+    assert doc["metadata"] == {"name": "payments", "namespace": "team-a"}
+    assert manifest.parse(doc).spec == n.spec
+    defaulted = PipelineSpec.model_validate(n.spec.model_dump(mode="json", by_alias=True))  # every field set
+    assert defaulted.model_fields_set > n.spec.model_fields_set
+    assert dedup.manifest(Names("team-a", "payments", defaulted)) == dedup.manifest(n)
 
 
 def test_spark_application():

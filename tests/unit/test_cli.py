@@ -56,6 +56,7 @@ def test_version_is_the_installed_distributions():
     (["restore", "/nonexistent/pipeline.yaml", "--namespace", "n"], "cannot read /nonexistent/pipeline.yaml"),
     (["restore", "charts/eopipe/values.yaml", "--namespace", "n"], "0 ExactlyOncePipelines in it"),
     (["restore", "examples/payments.yaml", "--namespace", "n"], "give --from-namespace"),
+    (["restore", "s3://Bad/x", "--namespace", "n"], "'Bad' is not a bucket name"),
     ([*DEDUP, "--partitions", "0", "--identity", "payments"], "expected NAMESPACE/PIPELINE"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(args, says):

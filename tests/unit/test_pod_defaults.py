@@ -3,6 +3,7 @@ resources and the RocksDB budget derived from them, spreading over nodes, image 
 and the dedup pod template a spec may add to (docs/operations.md#pod-defaults)."""
 
 import argparse
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -178,6 +179,9 @@ def test_backups_reach_the_worker_as_it_parses_them(backup, args, env):
     cli.add_parser(sub)
     cfg = cli.config_from_args(sub.choices["dedup"].parse_args(c["args"][1:] + ["--pod-name", "payments-dedup-0"]))
     assert cfg.backup_uri == (backup or {}).get("uri")
+    # The pipeline's manifest is kept beside the snapshots: the ConfigMap's file, as mounted.
+    mounted = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "assignment")
+    assert cfg.pipeline_manifest == (Path(mounted) / dedup.MANIFEST_KEY if backup else None)
     if backup:
         assert (cfg.backup_interval_seconds, cfg.backup_retention) == (int(args[args.index("--backup-interval") + 1][:-1]),
                                                                        backup.get("retention", 3))

@@ -3,6 +3,7 @@
 - `Bucket` (dedup/objectstore.py): the few S3 calls;
 - `Snapshotter`: the worker's thread that, every interval, checkpoints each running partition's
   RocksDB, uploads the files the store does not have yet, then the manifest (last), then prunes;
+  and keeps the pipeline's manifest (`--pipeline-manifest`) there as it changes;
 - `restore_latest`: a partition whose store is gone gets the newest snapshot back, when
   `snapshot.choose` says it may; any failure leaves no store (recovery then rebuilds).
 """
@@ -83,6 +84,7 @@ class Snapshotter(threading.Thread):
         self.uploaded: dict[int, set[str]] = {}  # p -> file keys known to be in the store
         self._sha: dict[tuple, str] = {}         # (inode, size, mtime) -> sha256: SSTs hashed once
         self._manifests: dict[str, Manifest] = {}  # key -> manifest: one written is never rewritten
+        self._pipeline: bytes | None = None         # the pipeline's manifest as last uploaded
         self.work = Path(cfg.state_dir) / ".snapshots"
 
     def stop(self) -> None:
@@ -95,6 +97,10 @@ class Snapshotter(threading.Thread):
         if not self.bucket.has_credentials:
             event(log, WARNING, "snapshots: no credentials (env AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)")
         while not self.halt.wait(c.backup_interval_seconds):
+            try:
+                self.keep_manifest()
+            except Exception as e:  # noqa: BLE001 - the next round tries again
+                event(log, WARNING, "pipeline manifest not uploaded", error=f"{type(e).__name__}: {e}")
             for p in list(self.partitions()):
                 if self.halt.is_set():
                     break
@@ -104,6 +110,21 @@ class Snapshotter(threading.Thread):
                     self.metrics.failures.labels(str(p)).inc()
                     event(log, WARNING, "snapshot failed", partition=p, error=f"{type(e).__name__}: {e}")
         shutil.rmtree(self.work, ignore_errors=True)
+
+    def keep_manifest(self) -> None:
+        """The pipeline's manifest (a ConfigMap's file: the kubelet refreshes it) uploaded when it changed.
+        Every pod does it: any one left keeps it current."""
+        path = self.cfg.pipeline_manifest
+        if path is None or not path.is_file():
+            return
+        data = path.read_bytes()[:snapshot.MAX_PIPELINE_MANIFEST_BYTES + 1]
+        if data == self._pipeline or not data:
+            return
+        if len(data) > snapshot.MAX_PIPELINE_MANIFEST_BYTES:
+            raise ValueError(f"{path}: larger than {snapshot.MAX_PIPELINE_MANIFEST_BYTES} bytes")
+        self.bucket.put_bytes(self.bucket.loc.pipeline_key, data)
+        self._pipeline = data
+        event(log, INFO, "pipeline manifest uploaded", key=self.bucket.loc.pipeline_key, bytes=len(data))
 
     def checkpoint(self, p: int, dest: Path) -> bool:
         """A checkpoint of p's open store, if p runs and its store moved on since the last one.

@@ -107,6 +107,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help=f"snapshots kept per partition (default {d['backup_retention']})")
     ap.add_argument("--backup-endpoint", default=env("AWS_ENDPOINT_URL", d["backup_endpoint"]), metavar="URL",
                     help="the S3-compatible store's endpoint (env AWS_ENDPOINT_URL; default AWS's)")
+    ap.add_argument("--pipeline-manifest", type=Path, default=d["pipeline_manifest"], metavar="FILE",
+                    help="the pipeline's manifest, uploaded as pipeline.yaml under --backup-uri whenever it "
+                         "changes (eopipe restore reads it there)")
     ap.add_argument("--log-level", default=env("EOPIPE_LOG_LEVEL", "INFO"),
                     help="DEBUG, INFO, WARNING or ERROR (env EOPIPE_LOG_LEVEL; default INFO)")
     ap.set_defaults(func=cmd_dedup, parser=ap)
@@ -127,7 +130,8 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         kafka_config={**kafkaconf.from_env(), **dict(args.kafka_config)},
         token=auth.read_token(os.environ, args.token_file), insecure_state_endpoints=args.insecure_state_endpoints,
         backup_uri=args.backup_uri, backup_interval_seconds=args.backup_interval,
-        backup_retention=args.backup_retention, backup_endpoint=args.backup_endpoint)
+        backup_retention=args.backup_retention, backup_endpoint=args.backup_endpoint,
+        pipeline_manifest=args.pipeline_manifest)
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:

@@ -73,6 +73,8 @@ class WorkerConfig:
     backup_interval_seconds: float = defaults.BACKUP_INTERVAL_SECONDS
     backup_retention: int = defaults.BACKUP_RETENTION
     backup_endpoint: str | None = None
+    # The pipeline's manifest (the assignment ConfigMap's pipeline.yaml), kept beside the snapshots.
+    pipeline_manifest: Path | None = None
 
     def __post_init__(self) -> None:
         follows = self.assignment_file is not None or self.assignment_configmap is not None

@@ -3,7 +3,8 @@
 - where things go: `<prefix>/p-<p>/m-<created_ms>.json` (a snapshot's manifest) and
   `<prefix>/p-<p>/f/<sha256>` (a file of a RocksDB checkpoint, content-addressed: immutable,
   so uploaded once whatever snapshot names it, and never mistaken for another file of the same
-  name from an earlier life of the store);
+  name from an earlier life of the store); `<prefix>/pipeline.yaml`, the pipeline's own
+  manifest, for `eopipe restore`;
 - the manifest: what a snapshot is (its files, and the committed source offset and coverage it
   corresponds to), written last, parsed strictly and bounded (docs/security.md);
 - `choose`: whether a partition whose store is gone restores a snapshot or rebuilds;
@@ -20,6 +21,8 @@ from enum import Enum
 from eopipe.core.backupspec import BUCKET_PATTERN
 
 MAX_MANIFEST_BYTES = 1 << 20
+PIPELINE_MANIFEST = "pipeline.yaml"
+MAX_PIPELINE_MANIFEST_BYTES = 1 << 20  # a ConfigMap holds 1 MiB
 MAX_FILES = 10_000
 MAX_FILE_BYTES = 1 << 40
 MANIFEST_VERSION = 1
@@ -43,6 +46,11 @@ class Location:
 
     def manifest_key(self, p: int, created_ms: int) -> str:
         return f"{self.partition(p)}m-{created_ms:016d}.json"
+
+    @property
+    def pipeline_key(self) -> str:
+        """The pipeline's manifest (dedup/backup.Snapshotter.keep_manifest, `eopipe restore`)."""
+        return f"{self.prefix}/{PIPELINE_MANIFEST}" if self.prefix else PIPELINE_MANIFEST
 
     def file_key(self, p: int, sha256: str) -> str:
         return f"{self.partition(p)}f/{sha256}"

@@ -114,10 +114,13 @@ def cmd_restore(args: argparse.Namespace) -> int:
     from eopipe.core import manifest
     from eopipe.core.spec import KIND
     from eopipe.tools import manifests
-    from eopipe.tools.restore import CannotRestore, restored
+    from eopipe.tools.restore import CannotRestore, NotStored, restored, stored
 
     try:
-        _, docs = manifests.load(args.file)
+        if args.source.startswith("s3://"):
+            docs = [d for _, d in manifests.documents(args.source, stored(args.source, args.endpoint))]
+        else:
+            _, docs = manifests.load(args.source)
         pipelines = [d for d in docs if manifest.is_pipeline(d)]
         if len(pipelines) != 1:
             raise CannotRestore(f"{len(pipelines)} {KIND}s in it: give a file with one")
@@ -125,7 +128,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
     except (manifests.Unreadable, manifests.NotYaml) as e:
         args.parser.error(str(e))
     except CannotRestore as e:
-        args.parser.error(f"{args.file}: {e}")
+        args.parser.error(f"{args.source}: {e}")
+    except NotStored as e:
+        print(f"eopipe restore: {e}", file=sys.stderr)
+        return 1
     print(yaml.safe_dump(out, sort_keys=False, width=100), end="")
     return 0
 
@@ -332,17 +338,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     res = sub.add_parser(
         "restore", help="print the manifest that continues a pipeline in another namespace",
-        description="Print FILE's ExactlyOncePipeline for --namespace with spec.restoreFrom naming the "
-                    "pipeline it continues (the one FILE continues, if any): applied there, it takes that "
-                    "pipeline's topics, consumer group and transactional ids, restores the dedup state from "
-                    "spec.dedup.backup and starts Spark where the sink's commit markers end "
-                    "(docs/operations.md). FILE: the manifest as written or as `kubectl get -o yaml` prints "
-                    "it. Exit status: 0, 2 usage error or a file that cannot be restored.")
-    res.add_argument("file", metavar="FILE", help="manifest file with one pipeline, or - for stdin")
+        description="Print the ExactlyOncePipeline of SOURCE for --namespace with spec.restoreFrom naming "
+                    "the pipeline it continues (the one SOURCE continues, if any): applied there, it takes "
+                    "that pipeline's topics, consumer group and transactional ids, restores the dedup state "
+                    "from spec.dedup.backup and starts Spark where the sink's commit markers end "
+                    "(docs/operations.md). SOURCE: a manifest file (as written, or as `kubectl get -o yaml` "
+                    "prints it), or the pipeline's spec.dedup.backup.uri, where its dedup pods keep its "
+                    "manifest (credentials from env AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY). Exit "
+                    "status: 0, 1 the object store did not give it, 2 usage error or a manifest that cannot "
+                    "be restored.")
+    res.add_argument("source", metavar="SOURCE", help="manifest file with one pipeline, - for stdin, or s3://bucket/prefix")
     res.add_argument("--namespace", required=True, help="the namespace to restore into")
     res.add_argument("--name", help="the restored pipeline's name (default: the same)")
     res.add_argument("--from-namespace", metavar="NAMESPACE",
                      help="where the pipeline ran, when the manifest names no namespace")
+    res.add_argument("--endpoint", default=os.environ.get("AWS_ENDPOINT_URL"), metavar="URL",
+                     help="an S3-compatible store's endpoint, as spec.dedup.backup.endpoint (env AWS_ENDPOINT_URL; "
+                          "default AWS's)")
     res.set_defaults(func=cmd_restore, parser=res)
 
     crd = sub.add_parser("crd", help="print the ExactlyOncePipeline CRD (YAML)",

@@ -4,7 +4,9 @@
 What carries exactly-once across is outside the namespace: the topics (kept by
 `deletionPolicy: Retain`), the dedup group's committed offsets in Kafka, the snapshots in
 `spec.dedup.backup` and the Spark sink's commit markers. The restored pipeline finds them by the
-origin's names: `spec.restoreFrom`, which this writes. Pure: a document in, a document out."""
+origin's names: `spec.restoreFrom`, which this writes (`restored`, pure: a document in, a
+document out). The manifest comes from a file, or from `spec.dedup.backup`'s location, where
+the dedup pods keep it (`stored`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,27 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 class CannotRestore(ValueError):
     """The document cannot be restored (a usage error: exit 2)."""
+
+
+class NotStored(RuntimeError):
+    """The object store did not give the manifest (exit 1)."""
+
+
+def stored(uri: str, endpoint: str | None) -> str:
+    """The pipeline's manifest the dedup pods keep under `uri` (spec.dedup.backup.uri), read with
+    the AWS SDK's credentials (env AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ...), bounded."""
+    from eopipe.dedup import snapshot
+    from eopipe.dedup.objectstore import Bucket
+
+    try:
+        loc = snapshot.parse_uri(uri)
+    except ValueError as e:
+        raise CannotRestore(str(e)) from None
+    try:
+        data = Bucket(loc, endpoint).get_bounded(loc.pipeline_key, snapshot.MAX_PIPELINE_MANIFEST_BYTES)
+        return data.decode("utf-8")
+    except Exception as e:  # noqa: BLE001 - boto3's errors, unreachable store, not UTF-8: one line
+        raise NotStored(f"s3://{loc.bucket}/{loc.pipeline_key}: {type(e).__name__}: {e}") from None
 
 
 def restored(doc: dict, namespace: str, origin_namespace: str | None = None, name: str | None = None) -> dict:

@@ -1,8 +1,9 @@
 """Kubernetes objects of the dedup stage (spec in, manifests out).
 
 StatefulSet (one RocksDB volume per pod), headless Service (stable pod DNS, metrics scraping),
-PodDisruptionBudget, the ConfigMap that carries the partition assignment and its generation,
-and the pods' ServiceAccount with the one permission they need: watching that ConfigMap.
+PodDisruptionBudget, the ConfigMap that carries the partition assignment and its generation
+(and the pipeline's manifest, which pods with spec.dedup.backup keep beside their snapshots for
+`eopipe restore`), and the pods' ServiceAccount with the one permission they need: watching that ConfigMap.
 Owner references are added by the handler, not here.
 """
 
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from pathlib import PurePosixPath
+
+import yaml
 
 from kubernetes.utils.quantity import parse_quantity
 
@@ -22,9 +26,11 @@ from eopipe.core.durations import parse_duration
 from eopipe.core.defaults import STATE_DIR
 from eopipe.core.names import DEDUP_HTTP_PORT as HTTP_PORT
 from eopipe.core.names import Names
-from eopipe.core.spec import Resources
+from eopipe.core.spec import GROUP, KIND, VERSION, Resources
 
 ASSIGNMENT_DIR = "/etc/eopipe/assignment"
+# The pipeline's manifest in the assignment ConfigMap (and so a file beside the assignment's).
+MANIFEST_KEY = "pipeline.yaml"
 # The volume claim template: each pod's claim is state-<pod> (node loss deletes only those).
 STATE_VOLUME = "state"
 # The root filesystem is read-only; /tmp is the one scratch directory (an emptyDir) for whatever
@@ -108,6 +114,8 @@ def worker_args(names: Names, *, bootstrap: str | None = None,
         "--http-port", str(http_port),
         "--memory-mb", str(memory_budget_mb(pod_resources(spec.dedup.resources)["limits"]["memory"])),
         *backup_args(spec.dedup.backup),
+        *(["--pipeline-manifest", str(PurePosixPath(assignment_file).parent / MANIFEST_KEY)]
+          if spec.dedup.backup is not None else []),
     ]
 
 
@@ -269,5 +277,15 @@ def assignment_configmap(names: Names, assignment: Assignment) -> dict:
         "metadata": {"name": names.assignment_configmap, "namespace": names.namespace,
                      "labels": names.labels("dedup"),
                      "annotations": {"eopipe.dev/assignment-generation": str(assignment.generation)}},
-        "data": {ASSIGNMENT_KEY: json.dumps(assignment.to_json(), sort_keys=True)},
+        "data": {ASSIGNMENT_KEY: json.dumps(assignment.to_json(), sort_keys=True), MANIFEST_KEY: manifest(names)},
     }
+
+
+def manifest(names: Names) -> str:
+    """The pipeline's manifest for a restore elsewhere: its spec without the fields at their
+    defaults, so the same whether the API server filled them in (the operator's copy) or not
+    (`eopipe render`'s)."""
+    return yaml.safe_dump({"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                           "metadata": {"name": names.pipeline, "namespace": names.namespace},
+                           "spec": names.spec.model_dump(mode="json", by_alias=True, exclude_defaults=True)},
+                          sort_keys=False)
