@@ -122,6 +122,8 @@ def test_default_render(tools, helm_env):
     assert (env["EOPIPE_LEASE_DURATION_SECONDS"], env["EOPIPE_RENEW_DEADLINE_SECONDS"],
             env["EOPIPE_RETRY_PERIOD_SECONDS"]) == ("15", "10", "2")
     assert env["EOPIPE_RESYNC_SECONDS"] == "60"
+    assert Settings.from_env({"EOPIPE_KAFKA_TIMEOUT_SECONDS": env["EOPIPE_KAFKA_TIMEOUT_SECONDS"]}) \
+        .kafka_timeout_seconds == Settings().kafka_timeout_seconds
     assert env["EOPIPE_NODE_LOST_SECONDS"] == "60"
     assert Settings.from_env({"EOPIPE_NODE_LOST_SECONDS": env["EOPIPE_NODE_LOST_SECONDS"]}).node_lost_seconds == \
         Settings().node_lost_seconds
@@ -404,6 +406,7 @@ def test_rbac_grants_exactly_the_operators_api_access(tools, helm_env, values):
     (["--set", "serviceMonitor.enabled=yes"], "/serviceMonitor/enabled"),
     (["--set", "serviceMonitor.interval=soon"], "/serviceMonitor/interval"),
     (["--set", "kafka.deleteAttempts=0"], "/kafka/deleteAttempts"),
+    (["--set", "kafka.timeoutSeconds=0"], "/kafka/timeoutSeconds"),
     (["--set", "nodeLoss.thresholdSeconds=-1"], "/nodeLoss/thresholdSeconds"),
     (["--set", "replicas=0"], "/replicas"),
     (["--set", "leaderElection.enabled=yes"], "/leaderElection/enabled"),
