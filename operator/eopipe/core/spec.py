@@ -16,18 +16,15 @@ from eopipe.core.defaults import WINDOW_SECONDS
 from eopipe.core.durations import format_duration, parse_duration
 from eopipe.core.keys import KeySpec
 
-# Executors, ProcessingSpec and the shared types are re-exported: callers import them from here.
-from eopipe.core.processing import FILE_SINK_RULES, PROCESSING_CEL_RULES, Executors, ProcessingSpec, file_sink_problem  # noqa: F401
-from eopipe.core.specbase import (  # noqa: F401
-    QUANTITY_PATTERN,
-    TOPIC_PATTERN,
+# ProcessingSpec and the shared types are re-exported: callers import them from here.
+from eopipe.core.processing import FILE_SINK_RULES, PROCESSING_CEL_RULES, ProcessingSpec, file_sink_problem
+from eopipe.core.specbase import (  # noqa: F401 (KubeObject, SecretKeyRef: re-exported)
     Duration,
     EnvVar,
     KubeObject,
     Model,
     Quantity,
     SecretKeyRef,
-    SparkMemory,
     TopicName,
     section,
 )
