@@ -476,9 +476,10 @@ def _wait_resubmitted(ns: str, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def object_store(node_tier):
-    """The SeaweedFS pod, for the tests of this module that back up; deleted after the last."""
+    """The SeaweedFS pod, for the tests of this module that back up; deleted after the last (if
+    the tier is still up: the module's last test takes it down)."""
     yield _object_store_pod()
-    kubectl("delete", "namespace", node_objectstore.NAMESPACE, "--wait=false")
+    kubectl("delete", "namespace", node_objectstore.NAMESPACE, "--wait=false", "--ignore-not-found", check=False)
 
 
 def _object_store_pod() -> S3Credentials:

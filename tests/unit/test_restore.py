@@ -85,7 +85,8 @@ def test_restore_from_never_changes(old, new):
 
 def doc(namespace: str | None = "shop", **extra) -> dict:
     meta = {"name": "payments", "uid": "u", "resourceVersion": "7",
-            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}", "team": "a"}}
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}", "team": "a",
+                            "kopf.zalando.org/last-handled-configuration": "{}"}}
     if namespace:
         meta["namespace"] = namespace
     return {"apiVersion": "eopipe.dev/v1beta1", "kind": "ExactlyOncePipeline", "metadata": meta,

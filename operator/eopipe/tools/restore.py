@@ -13,9 +13,11 @@ from __future__ import annotations
 from eopipe.core import manifest
 from eopipe.core.spec import KIND
 
-# Metadata that belongs to the stored object, not to the manifest a user applies.
+# Metadata that belongs to the manifest a user applies; the rest is the stored object's.
 KEPT_METADATA = ("labels", "annotations")
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+# Annotations that are state of the stored object: kubectl's copy of the last apply, and Kopf's
+# record of what it handled (copied, the new object's create would be taken as handled).
+STATE_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration", "kopf.zalando.org/")
 
 
 class CannotRestore(ValueError):
@@ -63,7 +65,7 @@ def restored(doc: dict, namespace: str, origin_namespace: str | None = None, nam
     meta = doc.get("metadata") or {}
     new_meta = {"name": name or pipeline.name, "namespace": namespace}
     for key in KEPT_METADATA:
-        kept = {k: v for k, v in (meta.get(key) or {}).items() if k != LAST_APPLIED}
+        kept = {k: v for k, v in (meta.get(key) or {}).items() if not k.startswith(STATE_ANNOTATIONS)}
         if kept:
             new_meta[key] = kept
     spec = {k: v for k, v in doc["spec"].items() if k != "restoreFrom"}
