@@ -8,6 +8,7 @@ import yaml
 
 from eopipe.control.builders import dedup, spark, topics
 from eopipe.core.assignment import Assignment, assign
+from eopipe.core.backupspec import Backup
 from eopipe.core.names import Names
 from tests.helpers.pipelines import example_names
 
@@ -59,7 +60,10 @@ def test_the_assignment_configmap_carries_the_pipelines_manifest():
     from eopipe.core import manifest
     from eopipe.core.spec import PipelineSpec
 
-    n = example_names()
+    plain = example_names()
+    assert dedup.MANIFEST_KEY not in dedup.assignment_configmap(plain, Assignment(1, {}))["data"]
+    n = Names("team-a", "payments", plain.spec.model_copy(update={"dedup": plain.spec.dedup.model_copy(
+        update={"backup": Backup(uri="s3://state/payments")})}))
     doc = yaml.safe_load(dedup.assignment_configmap(n, Assignment(1, {}))["data"][dedup.MANIFEST_KEY])
     assert doc["metadata"] == {"name": "payments", "namespace": "team-a"}
     assert manifest.parse(doc).spec == n.spec

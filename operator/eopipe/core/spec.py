@@ -265,9 +265,11 @@ class FileSink(Model):
 
 class TopicsSpec(Model):
     deduped: TopicName | None = Field(
-        None, description="the deduplicated records; default <namespace>.<pipeline>.deduped")
+        None, description="the deduplicated records; default <namespace>.<pipeline>.deduped (restoreFrom's "
+                          "namespace and name, when set)")
     dead_letter: TopicName | None = Field(
-        None, description="records without a usable dedup key; default <namespace>.<pipeline>.dlq")
+        None, description="records without a usable dedup key; default <namespace>.<pipeline>.dlq (restoreFrom's "
+                          "namespace and name, when set)")
 
 
 class SinkSpec(Model):

@@ -117,7 +117,8 @@ class Snapshotter(threading.Thread):
         path = self.cfg.pipeline_manifest
         if path is None or not path.is_file():
             return
-        data = path.read_bytes()[:snapshot.MAX_PIPELINE_MANIFEST_BYTES + 1]
+        with open(path, "rb") as f:
+            data = f.read(snapshot.MAX_PIPELINE_MANIFEST_BYTES + 1)
         if data == self._pipeline or not data:
             return
         if len(data) > snapshot.MAX_PIPELINE_MANIFEST_BYTES:

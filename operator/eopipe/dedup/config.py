@@ -9,9 +9,11 @@ from pathlib import Path
 
 from eopipe.core import defaults, names
 from eopipe.core.keys import KeySpec
+from eopipe.core.spec import DNS1123_LABEL
 from eopipe.dedup import snapshot
 
-IDENTITY_PATTERN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_LABEL = DNS1123_LABEL.strip("^$")
+IDENTITY_PATTERN = f"{_LABEL}/{_LABEL}"  # spec.restoreFrom's namespace/name
 
 
 def parse_partitions(text: str) -> list[int]:

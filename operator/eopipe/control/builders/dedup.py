@@ -2,8 +2,8 @@
 
 StatefulSet (one RocksDB volume per pod), headless Service (stable pod DNS, metrics scraping),
 PodDisruptionBudget, the ConfigMap that carries the partition assignment and its generation
-(and the pipeline's manifest, which pods with spec.dedup.backup keep beside their snapshots for
-`eopipe restore`), and the pods' ServiceAccount with the one permission they need: watching that ConfigMap.
+(and, with spec.dedup.backup, the pipeline's manifest, which the pods keep beside their
+snapshots for `eopipe restore`), and the pods' ServiceAccount with the one permission they need: watching that ConfigMap.
 Owner references are added by the handler, not here.
 """
 
@@ -277,7 +277,9 @@ def assignment_configmap(names: Names, assignment: Assignment) -> dict:
         "metadata": {"name": names.assignment_configmap, "namespace": names.namespace,
                      "labels": names.labels("dedup"),
                      "annotations": {"eopipe.dev/assignment-generation": str(assignment.generation)}},
-        "data": {ASSIGNMENT_KEY: json.dumps(assignment.to_json(), sort_keys=True), MANIFEST_KEY: manifest(names)},
+        "data": {ASSIGNMENT_KEY: json.dumps(assignment.to_json(), sort_keys=True),
+                 # Only where the pods keep it: for others a spec change would wake every pod's watch.
+                 **({MANIFEST_KEY: manifest(names)} if names.spec.dedup.backup is not None else {})},
     }
 
 
