@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # eopipe images (docs/design.md#architecture):
 #   docker build --target operator -t eopipe:0.1.0 .        operator and dedup worker (default)
-#   docker build --target spark    -t eopipe-spark:0.1.0 .  Spark + pyspark + spark_app + Kafka jars
+#   docker build --target spark    -t eopipe-spark:0.1.0 .  Spark + pyspark + spark_app + Kafka and s3a jars
 # Every build step fetches from package registries only: pip (PyPI), apt (Debian), Maven
 # (Maven Central, through hack/fetch-spark-jars.sh and hack/spark/pom.xml). No curl, no wget.
 # tests/unit/test_dockerfile.py checks this file statically (no Docker engine runs in CI here).
@@ -57,13 +57,16 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml ./
-COPY hack/lib.sh hack/fetch-spark-jars.sh hack/spark-version.sh hack/
-COPY hack/spark/pom.xml hack/spark/pom.xml
-# Same script as the tests use: spark-sql-kafka and its runtime dependencies, minus the jars
-# pyspark already ships. Output: /cache/spark-kafka-<version>/jars.
+COPY hack/lib.sh hack/fetch-spark-jars.sh hack/fetch-hadoop-aws.sh hack/spark-version.sh hack/
+COPY hack/spark/pom.xml hack/spark/hadoop-aws-pom.xml hack/spark/
+# Same scripts as the tests use, each leaving out the jars pyspark already ships:
+# spark-sql-kafka and its runtime dependencies (/cache/spark-kafka-<version>/jars), and
+# hadoop-aws of pyspark's Hadoop client with the AWS SDK's S3 client, for s3a:// checkpoints
+# and file sinks (/cache/hadoop-aws-<version>/jars).
 RUN EOPIPE_CACHE=/cache bash hack/fetch-spark-jars.sh "${SPARK_HOME}/jars" \
+ && EOPIPE_CACHE=/cache bash hack/fetch-hadoop-aws.sh "${SPARK_HOME}/jars" \
  && mkdir -p /out \
- && cp /cache/spark-kafka-*/jars/*.jar /out/
+ && cp /cache/spark-kafka-*/jars/*.jar /cache/hadoop-aws-*/jars/*.jar /out/
 
 # --- target: spark ------------------------------------------------------------------------
 FROM spark-base AS spark

@@ -33,9 +33,8 @@ k8s: ## Kubernetes control-plane binaries and etcd (built from Go modules, cache
 tools: ## helm, kubeconform, promtool (chart and alert tests), toxiproxy (network faults), argocd-health (Argo CD's health runtime); Go module proxy, cached
 	@bash hack/build-tools.sh >/dev/null
 
-spark-jars: venv ## Spark's Kafka connector jars and hadoop-aws for s3a:// checkpoints (Maven, cached)
+spark-jars: venv ## Spark's Kafka connector jars (Maven, cached)
 	@bash hack/fetch-spark-jars.sh >/dev/null
-	@bash hack/fetch-hadoop-aws.sh >/dev/null
 
 deps: venv kafka k8s tools spark-jars ## everything the tests and the demo need
 

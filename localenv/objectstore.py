@@ -29,6 +29,13 @@ from localenv.daemon import LoggedProcess, free_port, last_lines
 REGION = "us-east-1"  # SeaweedFS accepts any; s3a and the signer must agree on one
 
 
+def s3a_conf(endpoint: str) -> dict[str, str]:
+    """What s3a needs to reach a SeaweedFS gateway at `endpoint` (http://host:port), as
+    processing.hadoopConf (the credentials come from the environment: S3Credentials.env())."""
+    return {"fs.s3a.endpoint": endpoint, "fs.s3a.endpoint.region": REGION,
+            "fs.s3a.path.style.access": "true", "fs.s3a.connection.ssl.enabled": "false"}
+
+
 class ObjectStoreError(RuntimeError):
     pass
 
@@ -138,11 +145,6 @@ class ObjectStore:
 
     def client(self, timeout: float = 10) -> S3Client:
         return S3Client(self.endpoint, self.creds, timeout)
-
-    def hadoop_conf(self) -> dict[str, str]:
-        """What s3a needs to reach this store (credentials come from the environment, `creds.env()`)."""
-        return {"fs.s3a.endpoint": self.endpoint, "fs.s3a.endpoint.region": REGION,
-                "fs.s3a.path.style.access": "true", "fs.s3a.connection.ssl.enabled": "false"}
 
     def _argv(self) -> list[str]:
         return [str(weed_binary()), *server_args("127.0.0.1", "127.0.0.1", self.workdir / "data",

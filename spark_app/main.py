@@ -39,7 +39,7 @@ if not __package__:  # run as a file by spark-submit: make `spark_app` importabl
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from spark_app.config import META_COLUMNS, Config, ConfigError, FileSink, KafkaSink, load  # noqa: E402
-from spark_app.progress import PORT_LINE, Progress, listen, serve  # noqa: E402
+from spark_app.progress import PORT_LINE, Progress, listen, probe, serve  # noqa: E402
 from spark_app.sink_units import UnsupportedPlan  # noqa: E402
 from spark_app.upgrade import CHECKPOINT_REFUSED, CheckpointRefused, refusal  # noqa: E402
 
@@ -341,6 +341,7 @@ def run(cfg: Config) -> int:
     except OSError as e:  # the port taken (another driver on this host): run, unobserved
         log(f"progress not served: {e}")
     query = start_query(spark, cfg)
+    probe(spark, cfg.checkpoint_location, progress)  # once the query has the file system up
     print(f"{RUNNING_LINE} id={query.id} run={query.runId} source={cfg.source_topic} "
           f"sink={cfg.sink.kind}", flush=True)
     progress_log = bool(os.environ.get("EOPIPE_SPARK_PROGRESS_LOG"))

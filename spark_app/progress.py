@@ -5,6 +5,12 @@ A StreamingQueryListener keeps the last finished micro-batch as one small JSON d
 answers GET /progress with it and 404 to any other path (other methods: 501, the stdlib's
 default). It holds counters and offsets only, never the query's text or its data.
 
+A probe thread asks the checkpoint's file system (Hadoop's, so a path and an s3a:// URI alike)
+whether the checkpoint exists every PROBE_SECONDS. While the store has not answered for
+UNREACHABLE_SECONDS (a probe failing, or one still waiting: the S3 client retries for a long
+time), the document says since when and why: the query's batches are waiting on it too, and
+the operator turns it into a condition (CheckpointUnreachable).
+
 Port: $EOPIPE_PROGRESS_PORT, else PORT (eopipe.core.names.SPARK_PROGRESS_PORT, the port the
 operator reads); 0 takes a free one (local runs, several drivers on one machine). The port
 actually bound is printed on the driver's stdout (`PORT_LINE port=<n>`).
@@ -15,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -23,6 +30,9 @@ PATH = "/progress"
 PORT_ENV = "EOPIPE_PROGRESS_PORT"
 PORT_LINE = "eopipe-spark: progress served"
 REQUEST_SECONDS = 5  # a client that trickles its request is cut off
+PROBE_SECONDS = 5
+UNREACHABLE_SECONDS = 10
+ERROR_CHARS = 300  # eopipe.core.sparkprogress bounds what it reads
 
 
 def _ms(timestamp: str) -> int:
@@ -75,23 +85,61 @@ def progress_doc(progress: dict, started_at_ms: int) -> dict:
     }
 
 
+def unreachable(last_ok_ms: int, error: str | None, now_ms: int) -> dict:
+    """The document's checkpoint keys: none while the store answered within UNREACHABLE_SECONDS,
+    else since when it has not, and its last error (or that the probe is still waiting)."""
+    if now_ms - last_ok_ms <= UNREACHABLE_SECONDS * 1000:
+        return {}
+    why = error or f"a probe unanswered for {(now_ms - last_ok_ms) // 1000}s"
+    return {"checkpointUnreachableSinceMs": last_ok_ms, "checkpointError": why[:ERROR_CHARS]}
+
+
 class Progress:
-    """The latest document, shared by the listener (Spark's listener thread) and the server."""
+    """The latest document, shared by the listener (Spark's listener thread), the checkpoint
+    probe and the server."""
 
     def __init__(self, started_at_ms: int):
         self._lock = threading.Lock()
-        self._body = json.dumps({"startedAtMs": started_at_ms}).encode()
+        self._doc: dict = {"startedAtMs": started_at_ms}
         self.started_at_ms = started_at_ms
+        self._last_ok_ms, self._error = started_at_ms, None
 
     def update(self, progress: dict) -> None:
-        body = json.dumps(progress_doc(progress, self.started_at_ms)).encode()
+        doc = progress_doc(progress, self.started_at_ms)
         with self._lock:
-            self._body = body
+            self._doc = doc
 
-    @property
-    def body(self) -> bytes:
+    def probed(self, now_ms: int, error: str | None) -> None:
+        """A probe's answer: None when the store answered."""
         with self._lock:
-            return self._body
+            if error is None:
+                self._last_ok_ms = now_ms
+            self._error = error
+
+    def body(self, now_ms: int) -> bytes:
+        with self._lock:
+            return json.dumps({**self._doc, **unreachable(self._last_ok_ms, self._error, now_ms)}).encode()
+
+
+def probe(spark, location: str, progress: Progress) -> threading.Thread:
+    """Starts the checkpoint probe (module docstring) in a daemon thread."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(location)
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+
+    def loop() -> None:
+        while True:
+            try:
+                path.getFileSystem(conf).exists(path)  # absent (before the first batch) is an answer too
+                error = None
+            except Exception as e:  # noqa: BLE001 - Py4J's error carries the JVM's exception
+                error = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            progress.probed(int(time.time() * 1000), error)
+            time.sleep(PROBE_SECONDS)
+
+    t = threading.Thread(target=loop, name="eopipe-checkpoint-probe", daemon=True)
+    t.start()
+    return t
 
 
 def _handler(progress: Progress):
@@ -102,7 +150,7 @@ def _handler(progress: Progress):
             if self.path != PATH:
                 self.send_error(404)
                 return
-            body = progress.body
+            body = progress.body(int(time.time() * 1000))
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

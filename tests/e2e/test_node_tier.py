@@ -34,7 +34,7 @@ from localenv.node.__main__ import kill_container, kubectl_argv
 from localenv.node.host import shim_sockets
 from localenv.node import objectstore as node_objectstore
 from localenv.node.images import commit_app_image, commit_spark_image, tree_at
-from localenv.objectstore import S3Credentials
+from localenv.objectstore import S3Credentials, s3a_conf
 from tests.helpers import nodetier
 from tests.helpers.docs import sh_blocks
 from tests.helpers.manifests import differences
@@ -462,16 +462,19 @@ def _submitted_once(ns: str, name: str, before: Counter | None = None) -> None:
     assert reasons["SparkApplicationSubmitted"] == 1 and reasons["SparkApplicationSubmissionFailed"] <= 0, reasons
 
 
-def _wait_resubmitted(ns: str, name: str) -> None:
-    """Until the resubmitted driver's streaming query runs again (RUNNING is only its pod: on two
-    busy cores its executor and query start a minute or more later, longer than a verify's
-    settle time)."""
+def _kill_driver(ns: str, name: str) -> None:
+    """SIGKILL to the driver's container under the kubelet, then until the Spark Operator's retry
+    (one more execution attempt) has the streaming query running again (RUNNING is only its pod:
+    on two busy cores its executor and query start a minute or more later, longer than a
+    verify's settle time)."""
+    before = _spark_app(ns, f"{name}-spark").get("executionAttempts", 0)
+    log(f"killed the Spark driver's container under the kubelet: {kill_container(ns, f'{name}-spark-driver')[:12]}")
     t = time.monotonic()
-    wait(lambda: (st := _spark_app(ns, f"{name}-spark")).get("executionAttempts", 0) >= 2
+    wait(lambda: (st := _spark_app(ns, f"{name}-spark")).get("executionAttempts", 0) > before
          and st.get("applicationState", {}).get("state") == "RUNNING", 300, "the driver resubmitted and RUNNING")
     wait(lambda: "streaming query running" in kubectl("-n", ns, "logs", f"{name}-spark-driver", check=False), 300,
          "the resubmitted driver's streaming query running", interval=3)
-    log(f"driver resubmitted (attempt 2), its query running again in {time.monotonic() - t:.0f}s")
+    log(f"driver resubmitted (attempt {before + 1}), its query running again in {time.monotonic() - t:.0f}s")
 
 
 @pytest.fixture(scope="module")
@@ -494,15 +497,30 @@ def _object_store_pod() -> S3Credentials:
         {"apiVersion": "v1", "kind": "List", "items": node_objectstore.manifests(ref, creds)}))
     kubectl("-n", node_objectstore.NAMESPACE, "rollout", "status", f"deployment/{node_objectstore.NAME}",
             "--timeout=180s", timeout=200)
-    ip = kubectl("-n", node_objectstore.NAMESPACE, "get", "service", node_objectstore.NAME,
-                 "-o", "jsonpath={.spec.clusterIP}")
-    make = (f"from localenv.objectstore import S3Client, S3Credentials\n"
-            f"S3Client('http://{ip}:{node_objectstore.S3_PORT}', S3Credentials(*{[creds.access_key, creds.secret_key]!r}),"
-            " timeout=5).create_bucket('eopipe')")
+    make = _with_s3(creds, "s3.create_bucket('eopipe')")
     wait(lambda: nodetier.run(in_tier(nodetier.PY, "-c", make)).returncode == 0, 60, "the bucket made", interval=2)
     log(f"SeaweedFS pod ({ref}) serving S3 at {node_objectstore.ENDPOINT}, bucket eopipe made, "
         f"in {time.monotonic() - t:.0f}s")
     return creds
+
+
+def _store_url() -> str:
+    """The S3 gateway as the tier's host reaches it: the Service's cluster IP (no cluster DNS there)."""
+    ip = kubectl("-n", node_objectstore.NAMESPACE, "get", "service", node_objectstore.NAME,
+                 "-o", "jsonpath={.spec.clusterIP}")
+    return f"http://{ip}:{node_objectstore.S3_PORT}"
+
+
+def _with_s3(creds: S3Credentials, code: str) -> str:
+    """`code`, to run in the tier, with `s3` an S3Client of the SeaweedFS pod."""
+    return ("import json\nfrom localenv.objectstore import S3Client, S3Credentials\n"
+            f"s3 = S3Client({_store_url()!r}, S3Credentials(*{[creds.access_key, creds.secret_key]!r}), timeout=5)\n"
+            + code)
+
+
+def _s3_keys(creds: S3Credentials, prefix: str) -> list[str]:
+    """The keys under `prefix` of the bucket eopipe in the SeaweedFS pod."""
+    return json.loads(nodetier.python(_with_s3(creds, f"print(json.dumps(s3.keys('eopipe', {prefix!r})))")))
 
 
 def _s3_secret(secret: str, pipeline: str, creds: S3Credentials) -> dict:
@@ -598,8 +616,7 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier, object_store):
     assert load.poll() is None, "the load ended before the volume was lost: raise its count"
     _lose_state(ns, pod)
     wait(lambda: list(out.glob("_spark_metadata/[0-9]*")), 240, "a first batch in the file sink's log")
-    log(f"killed the Spark driver's container under the kubelet: {kill_container(ns, f'{name}-spark-driver')[:12]}")
-    _wait_resubmitted(ns, name)
+    _kill_driver(ns, name)
     stdout, err = load.communicate(timeout=300)
     assert load.returncode == 0, err
     sent = json.loads(stdout)
@@ -667,7 +684,7 @@ FORMS = {"a": "SELECT key, id, account, 'a' AS form FROM events WHERE id IS NOT 
          "c": "SELECT key, id, count(*) AS n FROM events WHERE id IS NOT NULL GROUP BY key, id"}
 
 
-@pytest.mark.timeout(2400)  # six driver starts, a pause, four changes under two loads, two verifies: 10-15 min
+@pytest.mark.timeout(2700)  # seven driver starts, a pause, an outage, four changes under two loads, two verifies: 13-18 min
 def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_tier, object_store):
     """One pipeline (examples/payments.yaml on topics of its own, one dedup pod, its checkpoint on
     a ReadWriteMany claim that the aggregate's executors mount too) through the Spark stage's
@@ -686,10 +703,14 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
     Then, under a second load, its namespace is deleted (deletionPolicy Retain: the topics stay)
     once the dedup pod has a snapshot of each partition in SeaweedFS (spec.dedup.backup), and
     the manifest `eopipe restore` makes of the one the dedup pod kept there is applied in another
-    namespace (the admin's grant: RESTORE_GRANT): each partition restored from its snapshot (a StateRestored event each), the
-    new driver, on a new checkpoint claim, starting where the sink's markers end. There, on
-    spec.processing.upgradeMode (docs/upgrades.md):
+    namespace (the admin's grant: RESTORE_GRANT): each partition restored from its snapshot (a
+    StateRestored event each), the new driver, its checkpoint now on s3a:// in SeaweedFS
+    (hadoop-aws in the Spark image, the credentials from the Secret), starting where the sink's
+    markers end. There, on spec.processing.upgradeMode (docs/upgrades.md):
     - a stateless SQL change (projection A -> B), keepCheckpoint: goes on from the checkpoint;
+    - under load, the driver's container killed (resumed from the checkpoint in the store),
+      then the store down for 30 s: ProcessingReady=False/CheckpointUnreachable while it lasts,
+      the sink still, then on again;
     - a stateful change (a new aggregate) with keepCheckpoint: Spark refuses the checkpoint, the
       pipeline is Stalled (CheckpointIncompatible) naming fromSink, not submitted again;
     - switched to fromSink: a new checkpoint generation, started where the sink's output ends;
@@ -839,10 +860,8 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         assert kept <= topics(), kept - topics()
         # The manifest from where the dedup pods kept it, beside their snapshots (as of the last
         # apply: the fixed schema), read with the Secret's credentials.
-        ip = kubectl("-n", node_objectstore.NAMESPACE, "get", "service", node_objectstore.NAME,
-                     "-o", "jsonpath={.spec.clusterIP}")
         res = nodetier.run(in_tier("env", *(f"{k}={v}" for k, v in object_store.env().items()), EOPIPE, "restore",
-                                   f"s3://eopipe/{name}", "--endpoint", f"http://{ip}:{node_objectstore.S3_PORT}",
+                                   f"s3://eopipe/{name}", "--endpoint", _store_url(),
                                    "--namespace", restored_ns), timeout=120)
         assert res.returncode == 0, res.stderr
         restored_doc, ns = yaml.safe_load(res.stdout), restored_ns
@@ -850,6 +869,12 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         assert PipelineSpec.model_validate(restored_doc["spec"]) == PipelineSpec.model_validate(doc["spec"])
         doc = {**restored_doc, "spec": {**restored_doc["spec"], "restoreFrom": {"namespace": origin, "name": name}}}
         proc = doc["spec"]["processing"]
+        # Restored with its checkpoint in the object store (the Spark image's hadoop-aws), its
+        # credentials from the same Secret: a new location, so it starts where the sink ends.
+        proc.update(checkpoint={"uri": f"s3a://eopipe/{name}/checkpoint"},
+                    hadoopConf=s3a_conf(node_objectstore.ENDPOINT),
+                    env=[{"name": k, "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"], "key": k}}}
+                         for k in sorted(object_store.env())])
         kubectl("create", "namespace", ns)
         kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(secret))
         t = time.monotonic()
@@ -876,6 +901,14 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         apply()
         wait(lambda: any("amount_cents" in k for k in _sink_forms(sink)), 600, "B's records in the sink", interval=5)
         log(f"after A -> B: {_sink_forms(sink)}")
+        s3_checkpoint_commits = _s3_keys(object_store, f"{name}/checkpoint/commits/")
+        assert s3_checkpoint_commits, "no commit of the checkpoint in the object store"
+
+        # Under the load, on the s3a:// checkpoint: the driver's container killed (the Spark
+        # Operator's retry resumes from the checkpoint in the store), then the store down.
+        _kill_driver(ns, name)
+        _object_store_outage(ns, name, sink)
+        assert len(_s3_keys(object_store, f"{name}/checkpoint/commits/")) > len(s3_checkpoint_commits)
 
         # A stateful change, keepCheckpoint: refused, Stalled naming fromSink, nothing written.
         proc.update(sql=FORMS["c"], outputMode="update")
@@ -931,6 +964,41 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         delete_spark_pipeline(ns, name, check=False)
         delete_topics(origin, name, src, sink)
         kubectl("delete", "namespace", origin, restored_ns, "--wait=false", "--ignore-not-found", check=False)
+
+
+OUTAGE_S = 30
+
+
+def _processing(ns: str, name: str) -> dict:
+    st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}
+    return next((c for c in st.get("conditions") or [] if c["type"] == "ProcessingReady"), {})
+
+
+def _object_store_outage(ns: str, name: str, sink: str) -> None:
+    """The SeaweedFS pod scaled to 0 for OUTAGE_S at least and until the pipeline says so
+    (ProcessingReady=False/CheckpointUnreachable: the next pass after the driver's probe has gone
+    10 s unanswered). Meanwhile the sink stands still: every batch ends by writing the checkpoint.
+    Then the store back: the condition clears and the sink moves on."""
+    deploy = ["-n", node_objectstore.NAMESPACE, "deployment", node_objectstore.NAME]
+    kubectl("scale", *deploy, "--replicas=0")
+    t = time.monotonic()
+    wait(lambda: not kubectl("-n", node_objectstore.NAMESPACE, "get", "pods", "-o", "name"), 120,
+         "the SeaweedFS pod gone")
+    log(f"object store down (SeaweedFS scaled to 0) in {time.monotonic() - t:.0f}s")
+    told = wait(lambda: (c := _processing(ns, name)).get("reason") == "CheckpointUnreachable" and c, 150,
+                "ProcessingReady=False/CheckpointUnreachable", interval=2)
+    log(f"{told['reason']} {time.monotonic() - t:.0f}s into the outage: {told['message'][:300]}")
+    held = _sink_end(sink)
+    time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - t)))
+    assert _sink_end(sink) == held, "the sink moved while the checkpoint's store was down"
+    kubectl("scale", *deploy, "--replicas=1")
+    kubectl("rollout", "status", *deploy, "--timeout=180s", timeout=200)
+    log(f"object store back after {time.monotonic() - t:.0f}s")
+    t = time.monotonic()
+    wait(lambda: _processing(ns, name).get("reason") != "CheckpointUnreachable", 180, "the condition cleared",
+         interval=3)
+    wait(lambda: _sink_end(sink) > held, 300, "the sink moving again", interval=3)
+    log(f"condition cleared and the sink moving again {time.monotonic() - t:.0f}s after the store came back")
 
 
 def _spark_webhook(enable: bool) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -187,6 +188,53 @@ def test_without_a_progress_the_last_figures_stay_with_the_error():
     before, _ = spark_processing(_progress(), None, TOPIC, {0: 100, 1: 80}, S, T0, None)
     record, cond = spark_processing(None, "URLError: refused", TOPIC, {0: 500}, S, T0 + 3600 * S, before)
     assert cond is None and record == {**before, "error": "URLError: refused"}
+
+
+# -- the checkpoint probe's verdict (the driver) and its condition (the operator) -------------
+
+# (case, last answer ms before now, the last probe's error, reported)
+PROBES = [
+    ("answered just now", 0, None, False),
+    ("answered 10 s ago: within the bound", 10 * S, None, False),
+    ("a probe waiting past the bound", 11 * S, None, True),
+    ("a probe failing past the bound", 30 * S, "java.net.ConnectException: refused", True),
+    ("a failure within the bound: not yet", 4 * S, "java.net.ConnectException: refused", False),
+]
+
+
+@pytest.mark.parametrize("case, ago, error, reported", PROBES, ids=[c[0] for c in PROBES])
+def test_the_driver_reports_a_checkpoint_store_without_answer(case, ago, error, reported):
+    keys = driver.unreachable(T0 - ago, error, T0)
+    assert bool(keys) == reported
+    if reported:
+        assert keys["checkpointUnreachableSinceMs"] == T0 - ago
+        assert keys["checkpointError"] == (error or f"a probe unanswered for {ago // S}s")
+        p = progress_from_body(json.dumps({"startedAtMs": T0, **keys}).encode())
+        assert p.checkpoint_unreachable_since_ms == T0 - ago
+
+
+def test_the_served_document_carries_the_probe_and_bounds_its_error(served):
+    prog, base = served
+    prog.update(SPARK_JSON)
+    prog.probed(T0, "x" * 5000)  # a failure after no answer since T0 - 1 h (the server's clock is now)
+    p, err = read_progress(base + "/progress")
+    assert err is None and p.batch_id == 7 and p.checkpoint_unreachable_since_ms == T0
+    assert p.checkpoint_error == "x" * driver.ERROR_CHARS
+    prog.probed(int(time.time() * 1000), None)
+    p, err = read_progress(base + "/progress")
+    assert err is None and p.checkpoint_unreachable_since_ms is None and p.checkpoint_error is None
+
+
+def test_an_unreachable_checkpoint_is_the_condition_before_stuck():
+    stuck = _progress()  # no batch for an hour with records waiting: SparkStuck on its own
+    down = stuck.model_copy(update={"checkpoint_unreachable_since_ms": T0 + 3540 * S,
+                                    "checkpoint_error": "ConnectException: refused"})
+    _, cond = spark_processing(stuck, None, TOPIC, {0: 150, 1: 80}, S, T0 + 3600 * S, None)
+    assert cond.reason == "SparkStuck"
+    record, cond = spark_processing(down, None, TOPIC, {0: 150, 1: 80}, S, T0 + 3600 * S, None)
+    assert (cond.type, cond.status, cond.reason) == (PROCESSING, False, "CheckpointUnreachable")
+    assert cond.reason in FAILURE_REASONS and "for 60s (ConnectException: refused)" in cond.message
+    assert record["checkpointUnreachableSince"].endswith("Z") and record["lagRecords"] == 50
 
 
 def _pod(phase, ip, created):

@@ -157,7 +157,8 @@ STAGE_MEANING = {
     "DedupReady": "the dedup StatefulSet's pods are ready",
     "ProcessingReady": "the SparkApplication runs (True with reason `NotConfigured` for a dedup-only pipeline); "
                        "`SparkStuck`: no batch for 10 triggers (at least 60 s) while the deduped topic holds "
-                       "records the query has not read (`status.processing`)",
+                       "records the query has not read (`status.processing`); `CheckpointUnreachable`: the "
+                       "checkpoint's store (an object store, a volume) has not answered the driver for 10 s",
 }
 
 

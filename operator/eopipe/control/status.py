@@ -20,7 +20,7 @@ READY, RECONCILING, STALLED = "Ready", "Reconciling", "Stalled"
 # argocd/health.lua keeps the same list.
 FAILURE_REASONS = frozenset({"KafkaUnavailable", "SparkFailed", "SparkOperatorMissing", "ApplyFailed",
                              "AdoptedTopicMismatch", "HangingTransaction", "LagGrowing", "SparkStuck",
-                             "PolicyDenied"})  # the spec asks for what the tenant policy refuses
+                             "CheckpointUnreachable", "PolicyDenied"})  # the spec asks for what the tenant policy refuses
 
 
 @dataclass(frozen=True)
@@ -200,6 +200,14 @@ def spark_processing(progress, error: str | None, topic: str, ends: dict[int, in
            "processedRowsPerSecond": progress.processed_rows_per_second,
            "lagRecords": lag, "stateRows": progress.state_rows, "stateBytes": progress.state_bytes}
     out = {k: v for k, v in out.items() if v is not None}
+    if progress.checkpoint_unreachable_since_ms is not None:
+        # The cause before its symptom: the batches wait on the store, so no SparkStuck verdict.
+        since = progress.checkpoint_unreachable_since_ms
+        out["checkpointUnreachableSince"] = rfc3339(since)
+        return out, Condition(PROCESSING, False, "CheckpointUnreachable",
+                              f"the Spark checkpoint's store has not answered for {max(0, now_ms - since) // 1000}s "
+                              f"({progress.checkpoint_error}): batches wait for it and go on from the checkpoint "
+                              "when it answers")
     if trigger_ms is None or not lag:  # availableNow runs once; nothing to read is no reason to run
         return out, None
     since = max(progress.batch_time_ms or 0, progress.started_at_ms)

@@ -39,6 +39,9 @@ class SparkProgress(BaseModel):
     state_bytes: int | None = Field(None, ge=0)
     # topic -> partition -> the offset the batch read up to (exclusive), Spark's endOffset.
     end_offsets: dict[str, dict[int, int]] = Field(default_factory=dict)
+    # Set while the checkpoint's store has not answered the driver's probe (spark_app/progress.py).
+    checkpoint_unreachable_since_ms: int | None = Field(None, ge=0)
+    checkpoint_error: str | None = Field(None, max_length=1000)
 
 
 def progress_from_body(body: bytes) -> SparkProgress:
