@@ -173,3 +173,19 @@ def test_checkpoint_meta_is_read_without_changing_it(tmp_path):
     assert read_meta(ck)["applied_offset"] == 17
     s.close()
 
+
+
+def test_a_long_transfer_logs_its_progress_at_most_every_interval(caplog):
+    from eopipe.dedup.backup import PROGRESS_SECONDS, Progress
+
+    now = [0.0]
+    p = Progress("restoring snapshot", 3, total_bytes=400, total_files=4, clock=lambda: now[0])
+    logged = []
+    for step, size in ((1.0, 100), (PROGRESS_SECONDS, 100), (1.0, 100), (PROGRESS_SECONDS, 100)):
+        now[0] += step
+        with caplog.at_level("INFO", logger="eopipe.dedup"):
+            logged.append(p.add(size))
+    # The second file is past the interval; the third within it; the last is the caller's line.
+    assert logged == [False, True, False, False]
+    line = [r for r in caplog.records if r.getMessage().startswith("restoring snapshot")]
+    assert len(line) == 1 and (p.bytes, p.files) == (400, 4)

@@ -35,6 +35,29 @@ from eopipe.dedup.store import StateStore
 from eopipe.dedup.transfer import ensure_room
 
 log = logging.getLogger("eopipe.dedup")
+PROGRESS_SECONDS = 10.0
+
+
+class Progress:
+    """A long transfer's log line (`msg`: bytes and files so far of the whole) at most every
+    PROGRESS_SECONDS, so a store of gigabytes shows it moving; the final line is the caller's."""
+
+    def __init__(self, msg: str, p: int, total_bytes: int, total_files: int, clock=time.monotonic):
+        self.msg, self.p, self.total_bytes, self.total_files, self.clock = msg, p, total_bytes, total_files, clock
+        self.bytes = self.files = 0
+        self.t0 = self.last = clock()
+
+    def add(self, size: int) -> bool:
+        """One file of `size` bytes done; whether a line was logged."""
+        self.bytes += size
+        self.files += 1
+        now = self.clock()
+        if now - self.last < PROGRESS_SECONDS or self.files == self.total_files:
+            return False
+        self.last = now
+        event(log, INFO, self.msg, partition=self.p, bytes=self.bytes, of_bytes=self.total_bytes, files=self.files,
+              of_files=self.total_files, seconds=round(now - self.t0, 1))
+        return True
 
 
 # -- metrics ----------------------------------------------------------------------------------
@@ -152,7 +175,9 @@ class Snapshotter(threading.Thread):
             b, lbl = self.bucket, str(p)
             known = self.uploaded.setdefault(p, set())
             refs, sent = [], 0
-            for f in sorted(x for x in dest.iterdir() if x.is_file()):
+            files = sorted(x for x in dest.iterdir() if x.is_file())
+            progress = Progress("uploading snapshot", p, sum(f.stat().st_size for f in files), len(files))
+            for f in files:
                 ref = FileRef(f.name, self._sha256(f), f.stat().st_size)
                 key = b.loc.file_key(p, ref.sha256)
                 if key not in known and not b.exists(key):
@@ -160,6 +185,7 @@ class Snapshotter(threading.Thread):
                     sent += ref.size
                 known.add(key)
                 refs.append(ref)
+                progress.add(ref.size)
             m = Manifest(partition=p, source_topic=self.cfg.source_topic, group=self.cfg.group_id,
                          created_ms=int(time.time() * 1000),
                          files=tuple(refs), **meta)
@@ -214,8 +240,10 @@ def download(b: Bucket, m: Manifest, store: StateStore, p: int) -> None:
     tmp.mkdir(parents=True)
     try:
         ensure_room(tmp, m.bytes, "snapshot")
+        progress = Progress("restoring snapshot", p, m.bytes, len(m.files))
         for ref in m.files:
             b.download(b.loc.file_key(p, ref.sha256), tmp / ref.name, ref)
+            progress.add(ref.size)
         shutil.rmtree(store.path(p), ignore_errors=True)
         os.replace(tmp, store.path(p))
     finally:
