@@ -9,7 +9,8 @@
 --   Degraded     Stalled=True (InvalidSpec, NotSupported, Conflict), or Ready or a stage
 --                condition False with a failure reason: SparkFailed, SparkOperatorMissing,
 --                KafkaUnavailable, ApplyFailed, HangingTransaction, AdoptedTopicMismatch,
---                LagGrowing, PolicyDenied, SparkStuck, CheckpointUnreachable
+--                LagGrowing, PolicyDenied, SparkStuck, CheckpointUnreachable,
+--                DriverNodeLost
 --   Suspended    spec.paused and the operator has acted on it
 --   Progressing  a rebalance running, Reconciling=True, or Ready=False for another reason
 --   Healthy      Ready=True for the current generation, nothing moving
@@ -28,6 +29,7 @@ local FAILURE_REASONS = {
   PolicyDenied = true,         -- the spec asks for what the tenant policy refuses (docs/security.md)
   SparkStuck = true,           -- no Spark batch for 10 triggers while the deduped topic holds records
   CheckpointUnreachable = true, -- the Spark checkpoint's store has not answered for 10 s
+  DriverNodeLost = true,       -- the Spark driver's node is lost: the admin declares it out of service
 }
 
 local function condition(status, type_)

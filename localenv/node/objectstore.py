@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from localenv.node import ON_NODE_0
 from localenv.objectstore import PORT_NAMES, S3Credentials, identities, server_args
 
 NAMESPACE, NAME = "objectstore", "seaweedfs"
@@ -57,6 +58,8 @@ def manifests(image_ref: str, creds: S3Credentials) -> list[dict]:
                   "selector": {"matchLabels": labels},
                   "template": {"metadata": {"labels": labels},
                                "spec": {"containers": [container],
+                                        # With the tier's add-ons: a lost node is a test's fault, not the store's.
+                                        "nodeSelector": ON_NODE_0,
                                         "securityContext": {"fsGroup": 65535},
                                         "volumes": [{"name": "config", "secret": {"secretName": f"{NAME}-s3"}},
                                                     {"name": "data",

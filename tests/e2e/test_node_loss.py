@@ -29,6 +29,7 @@ from tests.helpers.nodepipes import (
     start_load,
     verify_both_stages,
 )
+from tests.helpers.nodestore import delete_object_store, object_store_pod, s3_secret, s3a_checkpoint
 from tests.helpers.nodetier import (
     BOOTSTRAP,
     NODE_TESTS,
@@ -45,6 +46,8 @@ from tests.helpers.nodetier import (
 
 pytestmark = NODE_TESTS
 
+# Kubernetes' non-graceful node shutdown: the admin's word that a node is down.
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
 THRESHOLD_SECONDS = 10  # the operator's nodeLoss.thresholdSeconds here (its default is 60)
 RATE = 400  # records/s of the load
 # A namespace of its own: a pipeline's topics outlive it (deletionPolicy Retain), and another
@@ -90,6 +93,14 @@ def operator(node_tier):
 
 
 @pytest.fixture
+def store(node_tier):
+    """The SeaweedFS pod (on node 0, with the tier's add-ons) for the Spark checkpoint; gone after
+    the test, its data with it, before the next module makes its own."""
+    yield object_store_pod()
+    delete_object_store(wait=True)
+
+
+@pytest.fixture
 def cordoned():
     """Names of nodes a test drained: uncordoned after it, passed or not."""
     nodes: list[str] = []
@@ -106,16 +117,12 @@ def lost_nodes():
     for node in lost:
         if _node_ready(node) != "True":
             log(f"bringing {node} back: {node_cmd('node-start', node).stdout.strip()}")
+        kubectl("taint", "node", node, f"{OUT_OF_SERVICE}-", check=False)
 
 
 def _off_node_0() -> dict:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [NODE_NAME]}]}]}}}
-
-
-def _on_node_0() -> dict:
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [NODE_NAME]}]}]}}}
 
 
 def _sampler(ns: str, name: str, src: str) -> subprocess.Popen:
@@ -150,23 +157,33 @@ def _owned(ns: str, name: str) -> dict[str, list[int]]:
     return {k: v for k, v in (st.get("assignment") or {}).items() if k != "generation"}
 
 
+def _condition(ns: str, name: str, type_: str) -> dict:
+    st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}
+    return next((c for c in st.get("conditions") or [] if c["type"] == type_), {})
+
+
 def _events(ns: str, name: str, reason: str) -> str:
     return kubectl("-n", ns, "get", "events", "--field-selector", f"reason={reason},involvedObject.name={name}",
                    "-o", "jsonpath={range .items[*]}{.message}{'\\n'}{end}")
 
 
 @pytest.mark.timeout(1500)
-def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator, lost_nodes, cordoned):
-    """examples/payments.yaml (both stages) on three nodes: its Spark pods and the operator on
-    node 0 (the control plane's), its dedup pods off it (spec.dedup.podTemplate.affinity), spread
-    by the operator's preferred anti-affinity. Under duplicated load:
-    - the node of payments-dedup-0 is lost: its kubelet, containerd and kube-proxy killed and its
-      link cut, its pod's container left running cut off (a zombie). The node controller marks it
-      NotReady; past the threshold the operator gives the pod's partitions to payments-dedup-1
-      (rebuilt there from Kafka, the zombie fenced by Kafka) and force-deletes the pod and its
-      claim pinned there (NodeLost); the StatefulSet makes both again on a live node, and the pod
-      gets partitions back by snapshot once it serves. The node then comes back: its kubelet
-      kills the zombie, which changes nothing.
+def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator, store, lost_nodes, cordoned):
+    """examples/payments.yaml (both stages) on three nodes, its Spark checkpoint on s3a:// in the
+    SeaweedFS pod: the operator and the store on node 0 (the control plane's), the dedup and
+    Spark pods off it (spec.dedup.podTemplate.affinity, spec.processing.affinity), the dedup pods
+    spread by the operator's preferred anti-affinity. Under duplicated load:
+    - the node of the Spark driver is lost, with the dedup pod there: its kubelet, containerd and
+      kube-proxy killed and its link cut, its pods' containers left running cut off (zombies).
+      The node controller marks it NotReady; past the threshold the operator gives the dedup
+      pod's partitions to the other pod (rebuilt there from Kafka, the zombie fenced by Kafka)
+      and force-deletes the pod and its claim pinned there (NodeLost); the StatefulSet makes both
+      again on a live node, and the pod gets partitions back by snapshot once it serves. The
+      driver it does not delete: the pipeline says DriverNodeLost, the admin taints the node
+      out-of-service (Kubernetes' non-graceful node shutdown), Kubernetes deletes its pods and the
+      Spark Operator runs the driver again on the live node, from the checkpoint in the store.
+      The node then comes back (the taint removed): its kubelet kills the zombies, which
+      changes nothing.
     - scaled to three pods: the third lands on the node that came back.
     - the node of the other two is drained (`kubectl drain`): their budget (maxUnavailable 0)
       holds the evictions while the operator hands their partitions to the third pod by
@@ -176,8 +193,9 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
     `eopipe verify` of both stages: nothing lost, nothing twice."""
     ns, name, src, sink = NS, NAME, "payments", "payments-enriched"
     kubectl("create", "namespace", ns)
+    kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(s3_secret("payments-s3", name, store)))
     doc = yaml.safe_load((REPO_ROOT / "examples" / "payments.yaml").read_text())
-    doc["spec"]["processing"]["affinity"] = _on_node_0()
+    doc["spec"]["processing"].update(affinity=_off_node_0(), **s3a_checkpoint(f"{ns}/{name}/checkpoint", "payments-s3"))
     doc["spec"]["dedup"]["podTemplate"] = {"affinity": _off_node_0()}
     kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
     t = time.monotonic()
@@ -193,9 +211,14 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
     assert len(set(on.values())) == 2, on
     pdb = kubectl_json("-n", ns, "get", "poddisruptionbudget", f"{name}-dedup")
     assert pdb["spec"]["maxUnavailable"] == 0, pdb["spec"]
-    victim, gone = on[f"{name}-dedup-0"], f"{name}-dedup-0"
+    driver = kubectl_json("-n", ns, "get", "pod", f"{name}-spark-driver")
+    victim = driver["spec"]["nodeName"]
+    gone = next(p for p, node in on.items() if node == victim)  # two nodes off node 0, a dedup pod on each
+    other = next(p for p in on if p != gone)
+    log(f"the Spark driver and {gone} on {victim}")
     old_uid, old_claim = pods[gone]["metadata"]["uid"], kubectl_json("-n", ns, "get", "pvc", f"state-{gone}")
-    zombie = pods[gone]["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    zombies = {c["containerID"].removeprefix("containerd://")
+               for pod in (pods[gone], driver) for c in pod["status"]["containerStatuses"]}
 
     poison = eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", src, "--count", "0", "--poison", "10",
                     "--seed", "41", "--quiet", "--json")
@@ -228,6 +251,27 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
         wait(replaced, 300, f"{gone} made again on a live node and Ready")
         at["pods_ready"] = time.time()
         log(f"{gone} Ready again {time.monotonic() - t_lost:.0f}s after the loss")
+
+        # The driver is left to the admin: said, then moved by Kubernetes and the Spark Operator
+        # once the node is declared down.
+        said = wait(lambda: (c := _condition(ns, name, "ProcessingReady")).get("reason") == "DriverNodeLost" and c,
+                    120, "ProcessingReady=False/DriverNodeLost")
+        log(f"DriverNodeLost {time.monotonic() - t_lost:.0f}s after the loss: {said['message']}")
+        assert kubectl_json("-n", ns, "get", "pod", f"{name}-spark-driver")["metadata"]["uid"] == \
+            driver["metadata"]["uid"], "the operator deleted the driver"
+        kubectl("taint", "node", victim, OUT_OF_SERVICE)
+        t = time.monotonic()
+
+        def driver_moved() -> bool:
+            pod = json.loads(kubectl("-n", ns, "get", "pod", f"{name}-spark-driver", "-o", "json",
+                                     "--ignore-not-found", check=False) or "{}")
+            return bool(pod) and pod["metadata"]["uid"] != driver["metadata"]["uid"] \
+                and pod["spec"].get("nodeName") not in (None, victim) and pod["status"].get("phase") == "Running"
+        wait(driver_moved, 400, "a new Spark driver on a live node", interval=3)
+        wait(lambda: driver_says(ns, f"{name}-spark", "streaming query running"), 300,
+             "the new driver's streaming query running", interval=3)
+        log(f"{victim} tainted out-of-service: a new driver's query running on a live node "
+            f"{time.monotonic() - t:.0f}s later")
         wait(lambda: settled(ns, name) and _owned(ns, name).get(gone), 300,
              f"the pipeline Ready after the loss, {gone} owning partitions again")
         at["ready"] = time.time()
@@ -241,14 +285,15 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
         assert gone in events and f"state-{gone}" in events, events
         after = {p: pod["metadata"]["uid"] for p, pod in _dedup_pods(ns, name).items()}
 
-        # The node comes back while the load runs: its kubelet finds the zombie's pod gone from
-        # the API and kills it; its writes were fenced all along.
-        assert zombie in _tasks(victim), "the zombie's container did not run on"
+        # The node comes back while the load runs (the admin removes the taint): its kubelet finds
+        # the zombies' pods gone from the API and kills them; their writes were fenced all along.
+        assert zombies <= _tasks(victim), "the zombies' containers did not run on"
         res = node_cmd("node-start", victim)
         assert res.returncode == 0, res.stdout
         wait(lambda: _node_ready(victim) == "True", 120, f"{victim} Ready again")
-        wait(lambda: zombie not in _tasks(victim), 120, "the zombie's container stopped by its kubelet")
-        log(f"{victim} back; its zombie stopped by its kubelet")
+        kubectl("taint", "node", victim, f"{OUT_OF_SERVICE}-")
+        wait(lambda: not zombies & _tasks(victim), 120, "the zombies' containers stopped by its kubelet")
+        log(f"{victim} back, its taint removed; its zombies stopped by its kubelet")
         time.sleep(5)
         now = _dedup_pods(ns, name)
         assert {p: pod["metadata"]["uid"] for p, pod in now.items()} == after, "the node's return changed a pod"
@@ -259,10 +304,10 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
                 json.dumps({"spec": {"dedup": {"replicas": 3}}}))
         wait(lambda: settled(ns, name) and len(_owned(ns, name)) == 3, 300, "three dedup pods, each owning partitions")
         now = _dedup_pods(ns, name)
-        drained = now[f"{name}-dedup-1"]["spec"]["nodeName"]
+        drained = now[other]["spec"]["nodeName"]
         moved = sorted(p for p, pod in now.items() if pod["spec"]["nodeName"] == drained)
         log(f"scaled to three: {_owned(ns, name)}; {', '.join(moved)} on {drained}")
-        assert moved == [gone, f"{name}-dedup-1"] and now[third]["spec"]["nodeName"] == victim, \
+        assert moved == sorted([gone, other]) and now[third]["spec"]["nodeName"] == victim, \
             {p: pod["spec"]["nodeName"] for p, pod in now.items()}
 
         old_claims = {p: kubectl_json("-n", ns, "get", "pvc", f"state-{p}")["metadata"]["uid"] for p in moved}

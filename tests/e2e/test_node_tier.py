@@ -34,7 +34,6 @@ from localenv.node.__main__ import kill_container, kubectl_argv
 from localenv.node.host import shim_sockets
 from localenv.node import objectstore as node_objectstore
 from localenv.node.images import commit_app_image, commit_spark_image, tree_at
-from localenv.objectstore import S3Credentials, s3a_conf
 from tests.helpers import nodetier
 from tests.helpers.docs import sh_blocks
 from tests.helpers.manifests import differences
@@ -48,6 +47,15 @@ from tests.helpers.nodepipes import (
     settled,
     start_load,
     verify_both_stages,
+)
+from tests.helpers.nodestore import (
+    backup_to,
+    delete_object_store,
+    object_store_pod,
+    s3_keys,
+    s3_secret,
+    s3a_checkpoint,
+    store_url,
 )
 from tests.helpers.nodetier import (
     NODE_TESTS,
@@ -481,60 +489,8 @@ def _kill_driver(ns: str, name: str) -> None:
 def object_store(node_tier):
     """The SeaweedFS pod, for the tests of this module that back up; deleted after the last (if
     the tier is still up: the module's last test takes it down)."""
-    yield _object_store_pod()
-    kubectl("delete", "namespace", node_objectstore.NAMESPACE, "--wait=false", "--ignore-not-found", check=False)
-
-
-def _object_store_pod() -> S3Credentials:
-    """SeaweedFS as a pod (localenv/node/objectstore.py: its image, Deployment, claim, Service and
-    S3 identity from a Secret), and the bucket `eopipe` made by an S3 call through its Service, as
-    a user would. The identity's credentials."""
-    t = time.monotonic()
-    ref, archive = node_objectstore.image()
-    nodetier.import_image(archive)
-    creds = S3Credentials("eopipe-node", secrets.token_hex(16))
-    kubectl("apply", "-f", "-", input=json.dumps(
-        {"apiVersion": "v1", "kind": "List", "items": node_objectstore.manifests(ref, creds)}))
-    kubectl("-n", node_objectstore.NAMESPACE, "rollout", "status", f"deployment/{node_objectstore.NAME}",
-            "--timeout=180s", timeout=200)
-    make = _with_s3(creds, "s3.create_bucket('eopipe')")
-    wait(lambda: nodetier.run(in_tier(nodetier.PY, "-c", make)).returncode == 0, 60, "the bucket made", interval=2)
-    log(f"SeaweedFS pod ({ref}) serving S3 at {node_objectstore.ENDPOINT}, bucket eopipe made, "
-        f"in {time.monotonic() - t:.0f}s")
-    return creds
-
-
-def _store_url() -> str:
-    """The S3 gateway as the tier's host reaches it: the Service's cluster IP (no cluster DNS there)."""
-    ip = kubectl("-n", node_objectstore.NAMESPACE, "get", "service", node_objectstore.NAME,
-                 "-o", "jsonpath={.spec.clusterIP}")
-    return f"http://{ip}:{node_objectstore.S3_PORT}"
-
-
-def _with_s3(creds: S3Credentials, code: str) -> str:
-    """`code`, to run in the tier, with `s3` an S3Client of the SeaweedFS pod."""
-    return ("import json\nfrom localenv.objectstore import S3Client, S3Credentials\n"
-            f"s3 = S3Client({_store_url()!r}, S3Credentials(*{[creds.access_key, creds.secret_key]!r}), timeout=5)\n"
-            + code)
-
-
-def _s3_keys(creds: S3Credentials, prefix: str) -> list[str]:
-    """The keys under `prefix` of the bucket eopipe in the SeaweedFS pod."""
-    return json.loads(nodetier.python(_with_s3(creds, f"print(json.dumps(s3.keys('eopipe', {prefix!r})))")))
-
-
-def _s3_secret(secret: str, pipeline: str, creds: S3Credentials) -> dict:
-    """The object store's credentials as a user keeps them: a Secret opened to the pipeline."""
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret, "annotations": {OPT_IN: pipeline}},
-            "stringData": creds.env()}
-
-
-def _backup_to(pipeline: str, secret: str) -> dict:
-    """spec.dedup.backup to the SeaweedFS pod, its credentials from `secret`."""
-    return {"spec": {"dedup": {"backup": {
-        "uri": f"s3://eopipe/{pipeline}", "endpoint": node_objectstore.ENDPOINT, "interval": "5s", "retention": 2,
-        "credentials": {"accessKeyId": {"name": secret, "key": "AWS_ACCESS_KEY_ID"},
-                        "secretAccessKey": {"name": secret, "key": "AWS_SECRET_ACCESS_KEY"}}}}}}
+    yield object_store_pod()
+    delete_object_store()
 
 
 def _worker_log(ns: str, pod: str, msg: str) -> dict[int, dict]:
@@ -597,8 +553,8 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier, object_store):
     _install_operator_if_absent(node_tier)
     ns, name = "clicks", "clicks"
     example = yaml.safe_load((REPO_ROOT / "examples" / "file-sink.yaml").read_text())
-    secret = _s3_secret("clicks-s3", name, object_store)
-    _start_spark_example(ns, name, "file-sink.yaml", _backup_to(name, "clicks-s3"), first=(secret,))
+    secret = s3_secret("clicks-s3", name, object_store)
+    _start_spark_example(ns, name, "file-sink.yaml", backup_to(name, "clicks-s3"), first=(secret,))
     pvc = kubectl_json("-n", ns, "get", "pvc", f"{name}-spark-checkpoint")
     assert pvc["status"]["accessModes"] == ["ReadWriteMany"], pvc["status"]
     pv = kubectl_json("get", "pv", pvc["spec"]["volumeName"])["spec"]
@@ -723,7 +679,7 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
     proc = doc["spec"]["processing"]
     good_schema = proc["schema"]
     doc["spec"].update(source={"topic": src, "partitions": 2})
-    doc["spec"]["dedup"].update(replicas=1, backup=_backup_to(name, "payments-s3")["spec"]["dedup"]["backup"])
+    doc["spec"]["dedup"].update(replicas=1, backup=backup_to(name, "payments-s3")["spec"]["dedup"]["backup"])
     doc["spec"]["sink"]["kafka"] = {"topic": sink, "partitions": 2}
     proc.update(sql=FORMS["a"], schema="id STRING, amount BIGINTT, user STRUCT<name: STRING",
                 checkpoint={"pvc": {"size": "1Gi", "accessMode": "ReadWriteMany", "storageClassName": "shared"}})
@@ -738,7 +694,7 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         log(f"{what}: in {time.monotonic() - t:.0f}s")
 
     origin, restored_ns = ns, "sparklife-restored"
-    secret = _s3_secret("payments-s3", name, object_store)
+    secret = s3_secret("payments-s3", name, object_store)
     kubectl("create", "namespace", ns)
     kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(secret))
     load = None
@@ -861,7 +817,7 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         # The manifest from where the dedup pods kept it, beside their snapshots (as of the last
         # apply: the fixed schema), read with the Secret's credentials.
         res = nodetier.run(in_tier("env", *(f"{k}={v}" for k, v in object_store.env().items()), EOPIPE, "restore",
-                                   f"s3://eopipe/{name}", "--endpoint", _store_url(),
+                                   f"s3://eopipe/{name}", "--endpoint", store_url(),
                                    "--namespace", restored_ns), timeout=120)
         assert res.returncode == 0, res.stderr
         restored_doc, ns = yaml.safe_load(res.stdout), restored_ns
@@ -871,10 +827,7 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         proc = doc["spec"]["processing"]
         # Restored with its checkpoint in the object store (the Spark image's hadoop-aws), its
         # credentials from the same Secret: a new location, so it starts where the sink ends.
-        proc.update(checkpoint={"uri": f"s3a://eopipe/{name}/checkpoint"},
-                    hadoopConf=s3a_conf(node_objectstore.ENDPOINT),
-                    env=[{"name": k, "valueFrom": {"secretKeyRef": {"name": secret["metadata"]["name"], "key": k}}}
-                         for k in sorted(object_store.env())])
+        proc.update(s3a_checkpoint(f"{name}/checkpoint", secret["metadata"]["name"]))
         kubectl("create", "namespace", ns)
         kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(secret))
         t = time.monotonic()
@@ -901,14 +854,14 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         apply()
         wait(lambda: any("amount_cents" in k for k in _sink_forms(sink)), 600, "B's records in the sink", interval=5)
         log(f"after A -> B: {_sink_forms(sink)}")
-        s3_checkpoint_commits = _s3_keys(object_store, f"{name}/checkpoint/commits/")
+        s3_checkpoint_commits = s3_keys(object_store, f"{name}/checkpoint/commits/")
         assert s3_checkpoint_commits, "no commit of the checkpoint in the object store"
 
         # Under the load, on the s3a:// checkpoint: the driver's container killed (the Spark
         # Operator's retry resumes from the checkpoint in the store), then the store down.
         _kill_driver(ns, name)
         _object_store_outage(ns, name, sink)
-        assert len(_s3_keys(object_store, f"{name}/checkpoint/commits/")) > len(s3_checkpoint_commits)
+        assert len(s3_keys(object_store, f"{name}/checkpoint/commits/")) > len(s3_checkpoint_commits)
 
         # A stateful change, keepCheckpoint: refused, Stalled naming fromSink, nothing written.
         proc.update(sql=FORMS["c"], outputMode="update")

@@ -24,7 +24,8 @@ APP_CM_KEY = "resource.customizations.health.argoproj.io_Application"
 # Every reason a stage condition can be False with, and how Argo CD should show it.
 DEGRADED_REASONS = {"KafkaUnavailable", "NotSupported", "SparkOperatorMissing", "SparkFailed", "InvalidSpec",
                     "ApplyFailed", "AdoptedTopicMismatch", "Conflict", "HangingTransaction", "LagGrowing",
-                    "PolicyDenied", "SparkStuck", "CheckpointUnreachable"}
+                    "PolicyDenied", "SparkStuck", "CheckpointUnreachable",
+                    "DriverNodeLost"}
 PROGRESSING_REASONS = {"PodsNotReady", "SparkStarting"}
 
 OK_STAGES = [Condition("TopicsReady", True, "TopicsReconciled", "all topics as specified"),

@@ -15,6 +15,7 @@ from eopipe.control.nodeloss import (
     Pod,
     decide,
     draining,
+    driver_on_lost_node,
     lost,
     pinned_node,
 )
@@ -191,6 +192,28 @@ def test_draining_is_the_pods_running_on_a_ready_cordoned_node():
     f = facts(pod("d-0", "n1"), pod("d-1", "n1", deleting=True), pod("d-2", "n2"), pod("d-3", ""), pod("d-4", "n3"),
               nodes=[cordoned("n1"), ready("n2"), Node("n3", "Unknown", NOW - 10 * T, cordoned=True)])
     assert draining(f) == {"d-0"}
+
+
+# (case, the driver's node as the facts have it, a condition)
+DRIVER_CASES = [
+    ("ready", ready("n1"), False),
+    ("NotReady below the threshold", not_ready("n1", T - 1), False),
+    ("NotReady past it", not_ready("n1", T), True),
+    ("NotReady (False) past it", not_ready("n1", 2 * T, "False"), True),
+    ("gone from the API", None, True),
+    ("cordoned (a drain): Spark's own business", cordoned("n1"), False),
+    ("no Ready condition yet", Node("n1", ""), False),
+]
+
+
+@pytest.mark.parametrize("case, node, says", DRIVER_CASES, ids=[c[0] for c in DRIVER_CASES])
+def test_a_driver_on_a_lost_node_is_reported_never_deleted(case, node, says):
+    cond = driver_on_lost_node(facts(nodes=[node] if node else []), "p-spark-driver", "n1")
+    assert (cond is not None) == says
+    if says:
+        assert (cond.type, cond.status, cond.reason) == ("ProcessingReady", False, "DriverNodeLost")
+        assert "p-spark-driver" in cond.message and "kubectl taint node n1 node.kubernetes.io/out-of-service" \
+            in cond.message
 
 
 @pytest.mark.parametrize("threshold, reads", [(60, 1), (0, 0)])

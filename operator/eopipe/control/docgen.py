@@ -158,7 +158,8 @@ STAGE_MEANING = {
     "ProcessingReady": "the SparkApplication runs (True with reason `NotConfigured` for a dedup-only pipeline); "
                        "`SparkStuck`: no batch for 10 triggers (at least 60 s) while the deduped topic holds "
                        "records the query has not read (`status.processing`); `CheckpointUnreachable`: the "
-                       "checkpoint's store (an object store, a volume) has not answered the driver for 10 s",
+                       "checkpoint's store (an object store, a volume) has not answered the driver for 10 s; "
+                       "`DriverNodeLost`: the driver's node is lost (its taint out-of-service moves it)",
 }
 
 

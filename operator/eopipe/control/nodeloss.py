@@ -34,6 +34,13 @@ scheduled whose claim is pinned to a cordoned node has that claim and itself del
 as for a lost node (NodeDrained), and the StatefulSet makes both again on a node that takes
 pods, where the rebalance gives it partitions back once it serves.
 
+A Spark driver on a lost node is never deleted by eopipe: cut off but running, it would go on
+writing its checkpoint beside its replacement's, and nothing fences a checkpoint. While its
+node is lost the plan only says so (ProcessingReady, DriverNodeLost) and how the admin declares
+the node down: Kubernetes' out-of-service taint (non-graceful node shutdown), on which
+Kubernetes deletes the node's pods itself and the Spark Operator runs the driver again on a live
+node, from its checkpoint when that is not on the lost node (an object store, a network volume).
+
 Never for a Ready node otherwise: a node that came back Ready, before or after the threshold,
 gets no action at all, nor do the claims pinned to it; nor does a node without a Ready
 condition yet (nothing is known of it). Below the threshold the plan only says what it waits for.
@@ -43,7 +50,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eopipe.control.status import DEDUP, Condition
+from eopipe.control.status import DEDUP, PROCESSING, Condition
 from eopipe.core.durations import format_duration
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -54,6 +61,8 @@ DEFAULT_THRESHOLD_SECONDS = 60.0
 
 READY, WAITING, LOST = "ready", "waiting", "lost"
 NOT_READY_REASON, LOST_REASON, DRAINED_REASON = "NodeNotReady", "NodeLost", "NodeDrained"
+DRIVER_LOST_REASON = "DriverNodeLost"
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
 
 
 @dataclass(frozen=True)
@@ -188,6 +197,19 @@ def _drained(facts: Facts) -> list[DeletePod]:
     return [DeletePod(p.name, p.uid, p.node, f"deleted pod {p.name}: node {p.node} is cordoned (kubectl drain) "
                       "and its partitions were handed to the other pods")
             for p in sorted(facts.pods, key=lambda p: p.name) if p.name in on and not p.partitions]
+
+
+def driver_on_lost_node(facts: Facts, pod: str, node: str) -> Condition | None:
+    """ProcessingReady while the Spark driver pod `pod` is on a node lost past the threshold (or
+    gone); None otherwise (module docstring: eopipe does not delete it)."""
+    node_state, why = state(facts, node)
+    if node_state != LOST:
+        return None
+    return Condition(PROCESSING, False, DRIVER_LOST_REASON,
+                     f"Spark driver pod {pod}: {why}. Once the node is known to be down, declare it so: "
+                     f"`kubectl taint node {node} {OUT_OF_SERVICE_TAINT}`; Kubernetes then deletes its pods and "
+                     "the Spark Operator runs the driver again on a live node, from its checkpoint (which must "
+                     "not be on that node). eopipe does not delete a driver that may still run")
 
 
 def decide(facts: Facts) -> Plan:

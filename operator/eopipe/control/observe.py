@@ -149,7 +149,7 @@ class Observer:
         def node(name: str) -> None:
             if name and name not in read:
                 read.add(name)
-                if (found := self._node(name)) is not None:
+                if (found := self.node(name)) is not None:
                     nodes[name] = found
         for pod in pods:
             node(pod.node)
@@ -163,7 +163,8 @@ class Observer:
                     node(claim.node or "")
         return nodeloss.Facts(now_ms, threshold_ms, tuple(pods), claims, nodes)
 
-    def _node(self, name: str) -> nodeloss.Node | None:
+    def node(self, name: str) -> nodeloss.Node | None:
+        """The Node called `name` as control/nodeloss sees it; None when there is none."""
         try:
             n = self.core.read_node(name)
         except client.ApiException as e:

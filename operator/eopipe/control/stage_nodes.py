@@ -89,6 +89,26 @@ def run(p: Pass) -> Condition | None:
     return plan.condition()
 
 
+def driver(p: Pass, drivers) -> Condition | None:
+    """ProcessingReady=False/DriverNodeLost while the newest Spark driver pod is on a lost node
+    (nodeloss.driver_on_lost_node); None otherwise, or while node handling is off."""
+    placed = [d for d in drivers if d.spec is not None and d.spec.node_name]
+    if not placed:
+        return None
+    pod = max(placed, key=lambda d: d.metadata.creation_timestamp or 0)
+    name = pod.spec.node_name
+    try:
+        facts = observe(p)
+        if facts is None:
+            return None
+        if name not in facts.nodes and (node := p.plane.observer.node(name)) is not None:
+            facts = replace(facts, nodes={**facts.nodes, name: node})
+    except client.ApiException as e:
+        _not_checked(p, e)
+        return None
+    return nodeloss.driver_on_lost_node(facts, pod.metadata.name, name)
+
+
 def _perform(core: client.CoreV1Api, namespace: str, action) -> None:
     """One delete, of the object observed only (a uid precondition: never its replacement of
     the same name). Already gone or already replaced is done."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from eopipe.control import sparkcrd, sparkstage, sparkstatus, sparkwrites, stage_progress
+from eopipe.control import sparkcrd, sparkstage, sparkstatus, sparkwrites, stage_nodes, stage_progress
 from eopipe.control.builders import checkpoint, spark
 from eopipe.control.builders.pipeline import processing_objects
 from eopipe.control.ownership import CONFLICT, ObjectConflict, decide
@@ -71,7 +71,7 @@ def run(p: Pass) -> Condition:
     if verdict.resubmit:
         _delete(plane.api, name, ns)
     if verdict.state == "RUNNING" and verdict.stalled is None:  # what the driver says of its query
-        return stage_progress.observe(p, drivers, verdict.condition)
+        return stage_nodes.driver(p, drivers) or stage_progress.observe(p, drivers, verdict.condition)
     return verdict.condition
 
 

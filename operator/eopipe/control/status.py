@@ -20,7 +20,7 @@ READY, RECONCILING, STALLED = "Ready", "Reconciling", "Stalled"
 # argocd/health.lua keeps the same list.
 FAILURE_REASONS = frozenset({"KafkaUnavailable", "SparkFailed", "SparkOperatorMissing", "ApplyFailed",
                              "AdoptedTopicMismatch", "HangingTransaction", "LagGrowing", "SparkStuck",
-                             "CheckpointUnreachable", "PolicyDenied"})  # the spec asks for what the tenant policy refuses
+                             "CheckpointUnreachable", "DriverNodeLost", "PolicyDenied"})  # the spec asks for what the tenant policy refuses
 
 
 @dataclass(frozen=True)
