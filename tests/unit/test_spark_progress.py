@@ -237,6 +237,26 @@ def test_an_unreachable_checkpoint_is_the_condition_before_stuck():
     assert record["checkpointUnreachableSince"].endswith("Z") and record["lagRecords"] == 50
 
 
+# (case, the driver's word, ProcessingReady's reason in status, a pass now)
+DOWN = SparkProgress(started_at_ms=T0, checkpoint_unreachable_since_ms=T0, checkpoint_error="refused")
+UP = SparkProgress(started_at_ms=T0)
+NEWS = [
+    ("store down, not said yet", DOWN, "Running", True),
+    ("store down, said", DOWN, "CheckpointUnreachable", False),
+    ("store back, still said", UP, "CheckpointUnreachable", True),
+    ("store up, nothing said", UP, "Running", False),
+    ("stuck is another pass's business", UP, "SparkStuck", False),
+    ("no answer from the driver: no news", None, "Running", False),
+]
+
+
+@pytest.mark.parametrize("case, progress, reason, news", NEWS, ids=[c[0] for c in NEWS])
+def test_a_look_between_resyncs_starts_a_pass_only_on_news(case, progress, reason, news):
+    conditions = [{"type": "DedupReady", "reason": "CheckpointUnreachable"},  # another stage's: not read
+                  {"type": PROCESSING, "status": str(reason == "Running"), "reason": reason}]
+    assert stage_progress.checkpoint_news(progress, conditions) is news
+
+
 def _pod(phase, ip, created):
     return SimpleNamespace(status=SimpleNamespace(phase=phase, pod_ip=ip),
                            metadata=SimpleNamespace(creation_timestamp=created))

@@ -104,6 +104,10 @@ def _node_waiting(status, **_) -> bool:
 NODE_WAIT_POLL_SECONDS = 2.0
 
 
+def _spark_running(status, **_) -> bool:
+    return (status or {}).get("sparkApplicationState") == "RUNNING"
+
+
 def _autoscaling(spec, **_) -> bool:
     auto = ((spec or {}).get("dedup") or {}).get("autoscale")
     return isinstance(auto, dict) and auto.get("enabled", True) is not False
@@ -205,6 +209,13 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
                 when=_node_waiting, registry=registry)
     def node_wait_step(body, logger, **kw):
         resync(body=body, logger=logger, **kw)
+
+    # A running Spark stage's checkpoint store, as its driver says, between resyncs.
+    @kopf.timer(*RESOURCE, interval=stage_progress.LOOK_SECONDS, initial_delay=stage_progress.LOOK_SECONDS,
+                when=_spark_running, registry=registry)
+    def spark_look(body, logger, **kw):
+        if stage_progress.look(reconciler().plane.core, body):
+            resync(body=body, logger=logger, **kw)
 
     # The autoscaler's sync period (control/autoscale.py): lag and records/s observed and
     # decided on while spec.dedup.autoscale is on, not only at the resync.

@@ -12,7 +12,8 @@ from confluent_kafka import KafkaException
 from prometheus_client import Gauge
 
 from eopipe.control.passctx import Pass
-from eopipe.control.status import Condition, spark_processing
+from eopipe.control.sparkstage import driver_selector
+from eopipe.control.status import PROCESSING, UNREACHABLE, Condition, spark_processing
 from eopipe.core.durations import duration_ms
 from eopipe.core.names import SPARK_PROGRESS_PATH, SPARK_PROGRESS_PORT
 from eopipe.core.sparkprogress import read_progress
@@ -43,6 +44,30 @@ def driver_url(drivers) -> str | None:
         return None
     pod = max(running, key=lambda d: d.metadata.creation_timestamp or 0)
     return f"http://{pod.status.pod_ip}:{SPARK_PROGRESS_PORT}{SPARK_PROGRESS_PATH}"
+
+
+# Between resyncs (a minute apart), a running stage's driver is looked at this often: one pod
+# list and one GET /progress, no write; a pass follows only when its word on the checkpoint's
+# store differs from status (CheckpointUnreachable comes and goes within seconds).
+LOOK_SECONDS = 10.0
+
+
+def checkpoint_news(progress, conditions: list[dict]) -> bool:
+    """Whether the driver's progress and status disagree on the checkpoint's store: unreachable
+    by the one, not said by ProcessingReady, or the other way round. No progress: no news."""
+    if progress is None:
+        return False
+    said = any(c.get("type") == PROCESSING and c.get("reason") == UNREACHABLE for c in conditions)
+    return (progress.checkpoint_unreachable_since_ms is not None) != said
+
+
+def look(core, body) -> bool:
+    """checkpoint_news of a pipeline whose Spark application runs, read now (LOOK_SECONDS)."""
+    meta, st = body["metadata"], body.get("status") or {}
+    drivers = core.list_namespaced_pod(meta["namespace"],
+                                       label_selector=driver_selector(f"{meta['name']}-spark")).items
+    url = driver_url(drivers)
+    return url is not None and checkpoint_news(read_progress(url)[0], st.get("conditions") or [])
 
 
 def trigger_ms(trigger: str) -> int | None:

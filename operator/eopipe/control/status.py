@@ -168,6 +168,7 @@ def lag_alert(since_ms: int | None, lag: int | None, now_ms: int, threshold: int
 # The Spark stage is stuck when it has had no batch for this many triggers (at least
 # STUCK_MIN_MS: a garbage collection or a slow first batch is not yet stuck) while the deduped
 # topic holds records it has not read. A query with nothing to read runs no batch, rightly.
+UNREACHABLE = "CheckpointUnreachable"
 STUCK_TRIGGERS = 10
 STUCK_MIN_MS = 60_000
 
@@ -204,7 +205,7 @@ def spark_processing(progress, error: str | None, topic: str, ends: dict[int, in
         # The cause before its symptom: the batches wait on the store, so no SparkStuck verdict.
         since = progress.checkpoint_unreachable_since_ms
         out["checkpointUnreachableSince"] = rfc3339(since)
-        return out, Condition(PROCESSING, False, "CheckpointUnreachable",
+        return out, Condition(PROCESSING, False, UNREACHABLE,
                               f"the Spark checkpoint's store has not answered for {max(0, now_ms - since) // 1000}s "
                               f"({progress.checkpoint_error}): batches wait for it and go on from the checkpoint "
                               "when it answers")
