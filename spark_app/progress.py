@@ -121,6 +121,17 @@ class Progress:
             return json.dumps({**self._doc, **unreachable(self._last_ok_ms, self._error, now_ms)}).encode()
 
 
+def _first_line(e: Exception) -> str:
+    """The JVM's exception (`java.net.ConnectException: ...`) rather than Py4J's "An error
+    occurred while calling o42.exists"."""
+    java = getattr(e, "java_exception", None)
+    try:
+        text = str(java.toString()) if java is not None else str(e)
+    except Exception:  # noqa: BLE001 - the JVM may be going away
+        text = str(e)
+    return (text.strip().splitlines() or [type(e).__name__])[0]
+
+
 def probe(spark, location: str, progress: Progress) -> threading.Thread:
     """Starts the checkpoint probe (module docstring) in a daemon thread."""
     jvm = spark.sparkContext._jvm
@@ -133,7 +144,7 @@ def probe(spark, location: str, progress: Progress) -> threading.Thread:
                 path.getFileSystem(conf).exists(path)  # absent (before the first batch) is an answer too
                 error = None
             except Exception as e:  # noqa: BLE001 - Py4J's error carries the JVM's exception
-                error = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                error = _first_line(e)
             progress.probed(int(time.time() * 1000), error)
             time.sleep(PROBE_SECONDS)
 
