@@ -262,7 +262,7 @@ def commit_spark_image(commit: str, current: str) -> tuple[str, Path]:
     b = Buildah()
     if changed or len(pins) != 1:
         _log(f"the Spark image as of {commit[:12]} differs from this tree's in more than spark_app "
-             f"({', '.join(changed + sorted(pins))}): a full build")
+             f"({', '.join(changed + (sorted(pins) if len(pins) > 1 else []))}): a full build")
         base = base_image(b)
         ref = f"localhost/eopipe-spark-prev:{_hash(base.encode(), b'spark', commit.encode())}"
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
