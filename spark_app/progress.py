@@ -85,10 +85,11 @@ def progress_doc(progress: dict, started_at_ms: int) -> dict:
     }
 
 
-def unreachable(last_ok_ms: int, error: str | None, now_ms: int) -> dict:
-    """The document's checkpoint keys: none while the store answered within UNREACHABLE_SECONDS,
-    else since when it has not, and its last error (or that the probe is still waiting)."""
-    if now_ms - last_ok_ms <= UNREACHABLE_SECONDS * 1000:
+def unreachable(last_ok_ms: int | None, error: str | None, now_ms: int) -> dict:
+    """The document's checkpoint keys: none before the probe starts (None) or while the store
+    answered within UNREACHABLE_SECONDS, else since when it has not, and its last error (or that
+    the probe is still waiting)."""
+    if last_ok_ms is None or now_ms - last_ok_ms <= UNREACHABLE_SECONDS * 1000:
         return {}
     why = error or f"a probe unanswered for {(now_ms - last_ok_ms) // 1000}s"
     return {"checkpointUnreachableSinceMs": last_ok_ms, "checkpointError": why[:ERROR_CHARS]}
@@ -102,7 +103,9 @@ class Progress:
         self._lock = threading.Lock()
         self._doc: dict = {"startedAtMs": started_at_ms}
         self.started_at_ms = started_at_ms
-        self._last_ok_ms, self._error = started_at_ms, None
+        # Counted from the probe's start: the query's own start may take longer than the bound.
+        self._last_ok_ms: int | None = None
+        self._error: str | None = None
 
     def update(self, progress: dict) -> None:
         doc = progress_doc(progress, self.started_at_ms)
@@ -115,6 +118,12 @@ class Progress:
             if error is None:
                 self._last_ok_ms = now_ms
             self._error = error
+
+    def probing(self, now_ms: int) -> None:
+        """The probe starts: from now on, no answer for UNREACHABLE_SECONDS is reported."""
+        with self._lock:
+            if self._last_ok_ms is None:
+                self._last_ok_ms = now_ms
 
     def body(self, now_ms: int) -> bytes:
         with self._lock:
@@ -137,6 +146,7 @@ def probe(spark, location: str, progress: Progress) -> threading.Thread:
     jvm = spark.sparkContext._jvm
     path = jvm.org.apache.hadoop.fs.Path(location)
     conf = spark.sparkContext._jsc.hadoopConfiguration()
+    progress.probing(int(time.time() * 1000))
 
     def loop() -> None:
         while True:

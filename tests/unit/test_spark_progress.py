@@ -204,6 +204,7 @@ PROBES = [
 
 @pytest.mark.parametrize("case, ago, error, reported", PROBES, ids=[c[0] for c in PROBES])
 def test_the_driver_reports_a_checkpoint_store_without_answer(case, ago, error, reported):
+    assert driver.unreachable(None, error, T0) == {}  # the probe not started yet (the query starting)
     keys = driver.unreachable(T0 - ago, error, T0)
     assert bool(keys) == reported
     if reported:
@@ -216,7 +217,11 @@ def test_the_driver_reports_a_checkpoint_store_without_answer(case, ago, error, 
 def test_the_served_document_carries_the_probe_and_bounds_its_error(served):
     prog, base = served
     prog.update(SPARK_JSON)
-    prog.probed(T0, "x" * 5000)  # a failure after no answer since T0 - 1 h (the server's clock is now)
+    prog.probed(T0, "refused")  # before the probe started: nothing to count from
+    p, err = read_progress(base + "/progress")
+    assert err is None and p.checkpoint_unreachable_since_ms is None
+    prog.probing(T0)
+    prog.probed(T0, "x" * 5000)  # failing since T0, long before the server's clock (now)
     p, err = read_progress(base + "/progress")
     assert err is None and p.batch_id == 7 and p.checkpoint_unreachable_since_ms == T0
     assert p.checkpoint_error == "x" * driver.ERROR_CHARS
