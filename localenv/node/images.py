@@ -259,15 +259,14 @@ def commit_spark_image(commit: str, current: str) -> tuple[str, Path]:
         subprocess.run(["git", "-C", str(REPO_ROOT), "show", f"{commit}:pyproject.toml"], check=True,
                        capture_output=True, text=True).stdout, (REPO_ROOT / "pyproject.toml").read_text())}
     CACHE.mkdir(parents=True, exist_ok=True)
-    b = Buildah()
+    b, name = Buildah(), "eopipe-spark-prev"
     if changed or len(pins) != 1:
         _log(f"the Spark image as of {commit[:12]} differs from this tree's in more than spark_app "
              f"({', '.join(changed + (sorted(pins) if len(pins) > 1 else []))}): a full build")
         base = base_image(b)
-        ref = f"localhost/eopipe-spark-prev:{_hash(base.encode(), b'spark', commit.encode())}"
+        ref = f"localhost/{name}:{_hash(base.encode(), b'spark', commit.encode())}"
         with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-            return _bud(b, base, "spark", ref, "eopipe-spark-prev", lambda: tree_at(commit, Path(tmp)))
-    name = "eopipe-spark-prev"
+            return _bud(b, base, "spark", ref, name, lambda: tree_at(commit, Path(tmp)))
     ref = f"localhost/{name}:{_hash(current.encode(), b'spark_app', commit.encode())}"
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         def steps(ctr: str) -> None:

@@ -97,7 +97,7 @@ def store(node_tier):
     """The SeaweedFS pod (on node 0, with the tier's add-ons) for the Spark checkpoint; gone after
     the test, its data with it, before the next module makes its own."""
     yield object_store_pod()
-    delete_object_store(wait=True)
+    delete_object_store(until_gone=True)
 
 
 @pytest.fixture

@@ -77,6 +77,6 @@ def s3a_checkpoint(path: str, secret: str) -> dict:
                     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]}
 
 
-def delete_object_store(wait: bool = False) -> None:
-    kubectl("delete", "namespace", node_objectstore.NAMESPACE, f"--wait={str(wait).lower()}", "--ignore-not-found",
+def delete_object_store(until_gone: bool = False) -> None:
+    kubectl("delete", "namespace", node_objectstore.NAMESPACE, f"--wait={str(until_gone).lower()}", "--ignore-not-found",
             "--timeout=180s", check=False, timeout=200)

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from kubernetes import client
 
-from eopipe.control import nodeloss
+from eopipe.control import nodeloss, stage_progress
 from eopipe.control.kube import delete_by_uid
 from eopipe.control.passctx import Pass
 from eopipe.control.status import DEDUP, Condition
@@ -90,12 +90,12 @@ def run(p: Pass) -> Condition | None:
 
 
 def driver(p: Pass, drivers) -> Condition | None:
-    """ProcessingReady=False/DriverNodeLost while the newest Spark driver pod is on a lost node
-    (nodeloss.driver_on_lost_node); None otherwise, or while node handling is off."""
-    placed = [d for d in drivers if d.spec is not None and d.spec.node_name]
-    if not placed:
+    """ProcessingReady=False/DriverNodeLost while the running Spark driver pod (as the API last
+    heard of it) is on a lost node (nodeloss.driver_on_lost_node); None otherwise, or while node
+    handling is off."""
+    pod = stage_progress.running_driver(drivers)
+    if pod is None or pod.spec is None or not pod.spec.node_name:
         return None
-    pod = max(placed, key=lambda d: d.metadata.creation_timestamp or 0)
     name = pod.spec.node_name
     try:
         facts = observe(p)

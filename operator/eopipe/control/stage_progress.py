@@ -15,7 +15,7 @@ from eopipe.control.passctx import Pass
 from eopipe.control.sparkstage import driver_selector
 from eopipe.control.status import PROCESSING, UNREACHABLE, Condition, spark_processing
 from eopipe.core.durations import duration_ms
-from eopipe.core.names import SPARK_PROGRESS_PATH, SPARK_PROGRESS_PORT
+from eopipe.core.names import SPARK_PROGRESS_PATH, SPARK_PROGRESS_PORT, spark_app
 from eopipe.core.sparkprogress import read_progress
 
 _LABELS = ["namespace", "name"]
@@ -37,13 +37,16 @@ GAUGES = {
 }
 
 
-def driver_url(drivers) -> str | None:
-    """The /progress of the running driver pod (the newest, while a replaced one terminates)."""
+def running_driver(drivers):
+    """The running driver pod (the newest, while a replaced one terminates), or None."""
     running = [d for d in drivers if d.status is not None and d.status.phase == "Running" and d.status.pod_ip]
-    if not running:
-        return None
-    pod = max(running, key=lambda d: d.metadata.creation_timestamp or 0)
-    return f"http://{pod.status.pod_ip}:{SPARK_PROGRESS_PORT}{SPARK_PROGRESS_PATH}"
+    return max(running, key=lambda d: d.metadata.creation_timestamp or 0) if running else None
+
+
+def driver_url(drivers) -> str | None:
+    """The /progress of the running driver pod."""
+    pod = running_driver(drivers)
+    return None if pod is None else f"http://{pod.status.pod_ip}:{SPARK_PROGRESS_PORT}{SPARK_PROGRESS_PATH}"
 
 
 # Between resyncs (a minute apart), a running stage's driver is looked at this often: one pod
@@ -65,7 +68,7 @@ def look(core, body) -> bool:
     """checkpoint_news of a pipeline whose Spark application runs, read now (LOOK_SECONDS)."""
     meta, st = body["metadata"], body.get("status") or {}
     drivers = core.list_namespaced_pod(meta["namespace"],
-                                       label_selector=driver_selector(f"{meta['name']}-spark")).items
+                                       label_selector=driver_selector(spark_app(meta["name"]))).items
     url = driver_url(drivers)
     return url is not None and checkpoint_news(read_progress(url)[0], st.get("conditions") or [])
 

@@ -74,6 +74,11 @@ def dedup_set(pipeline: str) -> str:
     return f"{pipeline}-dedup"
 
 
+def spark_app(pipeline: str) -> str:
+    """The SparkApplication, and the prefix of its driver pod's name."""
+    return f"{pipeline}-spark"
+
+
 def spark_commit_topic(namespace: str, pipeline: str) -> str:
     """Where the Spark stage's sink keeps its commit markers (spark_app/sink_kafka.py)."""
     return f"eopipe.{namespace}.{pipeline}.spark-commits"
@@ -144,7 +149,7 @@ class Names:
 
     @property
     def spark_app(self) -> str:
-        return f"{self.pipeline}-spark"
+        return spark_app(self.pipeline)
 
     @property
     def spark_checkpoint_claim(self) -> str:
