@@ -125,9 +125,13 @@ def test_memory_budget_is_shared_and_bounds_usage(tmp_path):
     for batch in range(10):
         for i, p in enumerate(parts):
             p.apply({os.urandom(16): T0 + batch * 1000 for _ in range(3000)}, batch + 1, now_ms=T0 + 10_000)
-    mem = s.memory()
-    # One cache for all eight partitions, memtables charged to it: usage stays in budget.
-    assert 0 < mem["write_buffer_usage_bytes"] <= budget
+    # One cache for all eight partitions, memtables charged to it. The manager's limit is soft
+    # (no write stall, which could wedge a partition behind an idle one's memtables): a burst
+    # can pass it while flushes catch up, so the bound is the one usage settles back under.
+    deadline = time.monotonic() + 60
+    while (mem := s.memory())["write_buffer_usage_bytes"] > budget // 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert 0 < mem["write_buffer_usage_bytes"] <= budget // 2
     assert mem["cache_usage_bytes"] <= budget * 1.1
     opts = next(s.path(3).glob("OPTIONS-*")).read_text()
     assert "filter_policy=bloomfilter" in opts

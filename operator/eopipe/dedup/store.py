@@ -15,7 +15,9 @@ Layout under the state directory:
   WAL on), so after any crash the keys present are exactly those below applied_offset.
 - All partitions of the process share one LRU block cache, and a WriteBufferManager that
   charges memtables to that cache: the memory of the process is bounded by `memory_bytes`
-  whatever the number of partitions and segments. Index and filter blocks live in the
+  whatever the number of partitions and segments. The bound is soft (no write stall, which
+  could hold every partition behind an idle one's memtables): a burst passes it while
+  flushes catch up. Index and filter blocks live in the
   cache too; bloom filters (10 bits/key) make the common case (a new key) cheap.
 """
 
