@@ -105,6 +105,18 @@ def refused(s: PipelineSpec, p: dict | None = None, registries=()) -> list[str]:
     (spec(dedup={"backup": {"uri": "s3://bkt/p", "endpoint": "http://anywhere:8333"}}), None, []),
     (spec(dedup={"backup": {"uri": "s3://bkt/p"}, "podTemplate": {"env": [{"name": "AWS_ENDPOINT_URL_S3", "value": "x"}]}}),
      {"objectStore": {"endpoints": ["http://*.storage.svc:8333"]}}, ["AWS_ENDPOINT_URL_S3 is reserved"]),
+    # s3a's endpoint and proxy, however spelt, are held to the same list as the backups.
+    (spec(processing={"hadoopConf": {"fs.s3a.endpoint": "http://169.254.169.254"}}),
+     {"objectStore": {"endpoints": ["http://*.storage.svc:8333"]}},
+     ["spec.processing.hadoopConf[fs.s3a.endpoint]: http://169.254.169.254 is not allowed"]),
+    (spec(processing={"hadoopConf": {"fs.s3a.bucket.ckpt.endpoint": "http://far:80",
+                                     "fs.s3a.proxy.host": "far", "fs.s3a.endpoint": "http://s3.storage.svc:8333",
+                                     "fs.s3a.endpoint.region": "us-east-1"},
+                      "sparkConf": {"spark.hadoop.fs.s3a.endpoint": "http://far:80"}}),
+     {"objectStore": {"endpoints": ["http://*.storage.svc:8333"]}},
+     ["sparkConf[spark.hadoop.fs.s3a.endpoint]: http://far:80", "hadoopConf[fs.s3a.bucket.ckpt.endpoint]",
+      "hadoopConf[fs.s3a.proxy.host]: far is not allowed"]),
+    (spec(processing={"hadoopConf": {"fs.s3a.endpoint": "http://far:80"}}), None, []),  # no list: any store
     (spec(dedup={"image": "ghcr.io/evil/x:1"}), None, []),  # no registry allow-list: any image
 ])
 def test_refusals_name_the_field(s, p, want):

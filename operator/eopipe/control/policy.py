@@ -59,6 +59,9 @@ DENIED_ENV = (
     # tenantPolicy.objectStore.endpoints (spec.dedup.backup.endpoint is the checked way).
     "AWS_ENDPOINT_URL*", "AWS_CONFIG_FILE", "AWS_PROFILE",
 )
+# Hadoop settings (in hadoopConf, or sparkConf as spark.hadoop.*) that say where s3a sends the
+# checkpoint and its credentials: held to tenantPolicy.objectStore.endpoints, as the backups are.
+S3A_ROUTE = r"(?:spark\.hadoop\.)?fs\.s3a\.(?:bucket\.[^.]+\.)?(?:endpoint|proxy\.host)"
 ENV_ALLOW_PATTERN = r"[A-Z][A-Z0-9_]*"
 # Taints only the cluster's own nodes carry; the empty key tolerates every taint.
 DENIED_TOLERATION_KEYS = ("", "node-role.kubernetes.io/*")
@@ -87,8 +90,8 @@ class KafkaPolicy(_Section):
 
 
 class ObjectStorePolicy(_Section):
-    endpoints: tuple[str, ...] = Field((), description="endpoint URL globs spec.dedup.backup.endpoint may name; "
-                                                       "empty: any")
+    endpoints: tuple[str, ...] = Field((), description="endpoint URL globs spec.dedup.backup.endpoint and s3a's "
+                                                       "endpoint and proxy settings may name; empty: any")
 
 
 class RestoreGrant(_Section):
@@ -137,6 +140,13 @@ def glob_regex(glob: str) -> re.Pattern:
 
 def matches(name: str, globs: Iterable[str]) -> bool:
     return any(glob_regex(g).fullmatch(name) for g in globs)
+
+
+def _store_refusal(endpoint: str, policy: TenantPolicy) -> str | None:
+    allowed = policy.object_store.endpoints
+    if allowed and not matches(endpoint, allowed):
+        return f"{endpoint} is not allowed by the tenant policy (tenantPolicy.objectStore.endpoints)"
+    return None
 
 
 def _spark_conf_refusal(key: str, value: str, policy: TenantPolicy, allowed_registries) -> str | None:
@@ -239,9 +249,8 @@ def refusals(spec, policy: TenantPolicy, allowed_registries: tuple[str, ...] = (
     out += bootstrap_refusals(spec.kafka.bootstrap_servers, policy)
     dedup = spec.dedup
     endpoint = dedup.backup.endpoint if dedup.backup is not None else None
-    if endpoint and policy.object_store.endpoints and not matches(endpoint, policy.object_store.endpoints):
-        out.append(f"dedup.backup.endpoint: {endpoint} is not allowed by the tenant policy "
-                   "(tenantPolicy.objectStore.endpoints)")
+    if endpoint and (why := _store_refusal(endpoint, policy)):
+        out.append(f"dedup.backup.endpoint: {why}")
     out += _storage("dedup.storage.size", dedup.storage.size, policy)
     tpl = dedup.pod_template
     out += _envs("dedup.podTemplate", tpl.env, (), policy)
@@ -255,6 +264,9 @@ def refusals(spec, policy: TenantPolicy, allowed_registries: tuple[str, ...] = (
                 if (why := _spark_conf_refusal(k, v, policy, allowed_registries))]
         out += [f"processing.hadoopConf[{k}]: not allowed by the tenant policy (tenantPolicy.spark.deniedHadoopConf)"
                 for k in proc.hadoop_conf if matches(k, (*DENIED_HADOOP_CONF, *policy.spark.denied_hadoop_conf))]
+        out += [f"processing.{field}[{k}]: {why}" for field, conf in (("sparkConf", proc.spark_conf),
+                                                                       ("hadoopConf", proc.hadoop_conf))
+                for k, v in conf.items() if re.fullmatch(S3A_ROUTE, k) and (why := _store_refusal(v, policy))]
         out += _envs("processing", proc.env, proc.env_from, policy)
         out += _scheduling("processing", proc.node_selector, proc.tolerations, None, policy)
         if proc.checkpoint is not None and proc.checkpoint.pvc is not None and proc.checkpoint.pvc.claim_name is None:
