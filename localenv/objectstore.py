@@ -128,8 +128,11 @@ PORT_NAMES = ("master", "master.grpc", "volume", "volume.grpc", "filer", "filer.
 class ObjectStore:
     """SeaweedFS with its S3 gateway at `endpoint`, one identity (`creds`) allowed everything."""
 
-    def __init__(self, workdir: Path, creds: S3Credentials | None = None):
+    def __init__(self, workdir: Path, creds: S3Credentials | None = None, nice: int = 0):
+        """`nice`: the server's CPU priority, for benchmarks where a user's store would be on
+        other machines and must not take this machine's cores from what is measured."""
         self.workdir = Path(workdir)
+        self.nice = nice
         self.creds = creds or S3Credentials("eopipe-test", secrets.token_hex(16))
         # Fixed for the store's life, so that a restart is the same endpoint.
         self.ports = {name: free_port() for name in PORT_NAMES}
@@ -147,8 +150,9 @@ class ObjectStore:
         return S3Client(self.endpoint, self.creds, timeout)
 
     def _argv(self) -> list[str]:
-        return [str(weed_binary()), *server_args("127.0.0.1", "127.0.0.1", self.workdir / "data",
-                                                 self.workdir / "s3-identities.json", self.ports)]
+        nice = ["nice", "-n", str(self.nice)] if self.nice else []
+        return [*nice, str(weed_binary()), *server_args("127.0.0.1", "127.0.0.1", self.workdir / "data",
+                                                        self.workdir / "s3-identities.json", self.ports)]
 
     def start(self, timeout: float = 60) -> None:
         (self.workdir / "data").mkdir(parents=True, exist_ok=True)

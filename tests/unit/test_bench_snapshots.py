@@ -51,7 +51,8 @@ def result(restore_s=0.5, rebuild_s=6.0, off=20_000.0, on=19_500.0) -> dict:
             "recovery": {"restore_s": restore_s, "rebuild_s": rebuild_s, "download_s": 0.2,
                          "restore_replayed": 0, "rebuild_replayed": 1_000_000},
             "cost": {"off": {"steady_records_per_s": off, "steady_cpu_us_per_record": 40.0, "snapshots": 0},
-                     "on": {"steady_records_per_s": on, "steady_cpu_us_per_record": 41.0, "snapshots": 3}},
+                     "on": {"steady_records_per_s": on, "steady_cpu_us_per_record": 41.0, "snapshots": 3,
+                            "snapshot_cpu_s": 0.25, "snapshot_uploaded_mb": 30.0}},
             "verify": {"recovery": {"lost": 0, "duplicated": 0}}}
 
 
@@ -73,7 +74,7 @@ def test_table_shows_every_row_and_the_verdicts():
                   "rebuild from Kafka", "restore speed-up over rebuild", "backups off", "backups on",
                   "throughput cost of backups", "lost 0 dup 0"):
         assert label in text, label
-    assert "12.00" in text and "2.50" in text
+    assert "12.00" in text and "2.50" in text and "30 MB sent, 0.25 s of the worker's CPU" in text
     assert "n/a" in table(result(on=None))
 
 
