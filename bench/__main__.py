@@ -30,13 +30,17 @@ Steps (each module's docstring says exactly what it measures):
                  stages): time to NotReady, to the pods Ready elsewhere, back to full rate, and the
                  longest partition pause in the drain; both stages verified (left out by --quick
                  and when not root: it starts the node tier, about 10 minutes)
+  pipeline_rate  both stages of payments together on a 1-node tier of its own at 1,000 and 10,000
+                 records/s (20% resends), 3 minutes each: end-to-end p50/p99 (produce -> the sink's
+                 read_committed consumer), CPU per record per stage, whether each kept up; both
+                 stages verified (left out by --quick and when not root: about 11 minutes)
 
 Prints the detail table of each step, then one combined table (stdout; progress goes to
 stderr); writes the combined table and the details as JSON and a plot as PNG and SVG. Absolute
 numbers drift on a shared 2-core machine; compare the rows of one run. The full run takes
 8 to 14 minutes on 2 cores (0.5 to 2 of them pre-building the 10M-key store, 5 to 8 the
-recovery faults; the disk peaks near 0.5 GB under .work/bench, removed after), about 5 more
-for snapshots (1M keys), plus about 5 for the peers (--peers alone: 5.4 min); --quick is a smoke run with small sizes, no peers and
+recovery faults; the disk peaks near 0.5 GB under .work/bench, removed after), about 11 more
+for snapshots (1M keys, 5M records per throughput run), plus about 5 for the peers (--peers alone: 5.4 min); --quick is a smoke run with small sizes, no peers and
 one round of two fault classes, worker kill and partition (~2.5 min, ~6 on a busy machine).
 
     python -m bench [--quick] [--peers | --no-peers] [--skip latency,...] [--bootstrap HOST:PORT] [--json FILE] [--png FILE]
@@ -60,14 +64,14 @@ from bench.common import REPO, broker, positive_ints, say
 from bench.recovery_summary import FAULTS, parse_faults
 
 STEPS = ("dedup_vs_copy", "scale", "latency", "spark_sink", "dedup_latency", "recovery", "migration", "memory", "snapshots",
-         "autoscale", "node_faults")
+         "autoscale", "node_faults", "pipeline_rate")
 FULL = {"records": 200_000, "rounds": 2, "latency_seconds": 20.0, "rates": "100,1000",
         "recovery_keys": 1_000_000, "recovery_rate": 2000.0, "kills": 3, "recovery_steady": 5.0,
         "recovery_faults": "worker_kill,broker_kill,partition,worker_pause", "keys": 1_000_000,
         "memory_sizes": "1000000,10000000", "memory_load": 20_000,
         "scale_records": 400_000, "scale_pods": "1,2,4", "scale_partitions": "4,16",
         "dedup_rates": "1000,10000", "commit_intervals": "100,1000", "dedup_latency_seconds": 15.0,
-        "sink_records": 1_000_000, "snapshot_keys": 1_000_000, "snapshot_records": 1_000_000}
+        "sink_records": 1_000_000, "snapshot_keys": 1_000_000, "snapshot_records": 5_000_000}
 QUICK = {"records": 20_000, "rounds": 1, "latency_seconds": 4.0, "rates": "100,1000",
          "recovery_keys": 50_000, "recovery_rate": 1000.0, "kills": 1, "recovery_steady": 2.0,
          # the broker kill is left out of the smoke run: it costs a broker restart (20-35 s on a
@@ -90,8 +94,8 @@ def _count(n: int) -> str:
 def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[str]) -> tuple[dict, dict]:
     """Runs the steps in order; returns (results, errors) by step name. A failing step is
     reported and the others still run."""
-    from bench import (autoscale, dedup_latency, dedup_vs_copy, latency, memory, migration, node_faults, recovery,
-                       scale, snapshots, spark_sink)
+    from bench import (autoscale, dedup_latency, dedup_vs_copy, latency, memory, migration, node_faults,
+                       pipeline_rate, recovery, scale, snapshots, spark_sink)
 
     rates = tuple(int(r) for r in opts.rates.split(","))
     calls = {
@@ -118,6 +122,7 @@ def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[st
                                              records=opts.snapshot_records, progress=say),
         "autoscale": lambda: autoscale.bench(bootstrap, work / "autoscale", progress=say),
         "node_faults": lambda: node_faults.bench(work / "node_faults", progress=say),
+        "pipeline_rate": lambda: pipeline_rate.bench(work / "pipeline_rate", progress=say),
     }
     results, errors = {}, {}
     todo = [s for s in STEPS if s not in skip]
@@ -281,7 +286,36 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
     row("node_faults", "drain_pause_s", "node drained: longest partition pause", "s",
         "committed offset still while records wait; goal 1 s" + (f"; drain done in {faults['drain_s']:.0f} s"
                                                                  if faults else ""), lambda r: r["drain_pause_s"])
+    pipeline_rows(row, results)
     return rows
+
+
+def pipeline_rows(row, results: dict) -> None:
+    """bench.pipeline_rate's rows of the combined table."""
+    from bench.pipeline_rate_summary import GOAL_RATE, STAGES, goal, sustained
+
+    res = results.get("pipeline_rate") or {}
+    for r in res.get("rows") or [{"rate": GOAL_RATE}]:
+        def rate_row(x, rate=r["rate"]):
+            return next(y for y in x["rows"] if y["rate"] == rate)
+        lat = r.get("latency") or {}
+        row("pipeline_rate", f"pipeline_p99_ms_{r['rate']}", f"pipeline end to end p99 at {r['rate']:,}/s", "ms",
+            "payments, both stages on the node tier" + (f"; p50 {lat['p50_ms']:,.0f} ms, max {lat['max_ms']:,.0f} ms"
+                                                         if lat.get("p50_ms") is not None else ""),
+            lambda x, f=rate_row: f(x)["latency"]["p99_ms"])
+        for name in STAGES:
+            row("pipeline_rate", f"pipeline_{name}_cpu_us_{r['rate']}", f"pipeline {name} CPU at {r['rate']:,}/s",
+                "µs/record", "its pods' cgroup CPU over the records it consumed",
+                lambda x, f=rate_row, n=name: f(x)[n]["cpu_us_per_record"])
+    for name in STAGES:
+        s = sustained(res["rows"], name) if res else {"behind_at": None}
+        behind = f"; behind at {s['behind_at']:,}/s, reaching {s['reached_per_s']:,.0f}/s" if s["behind_at"] else ""
+        row("pipeline_rate", f"pipeline_{name}_kept_up_per_s", f"pipeline {name}: highest rate kept up", "records/s",
+            "its input's rate, of the rates run" + behind, lambda x, n=name: sustained(x["rows"], n)["kept_up_per_s"])
+    g = goal(res["rows"], res["trigger_s"]) if res else None
+    row("pipeline_rate", "pipeline_goal_met", f"pipeline p99 goal at {GOAL_RATE:,}/s met", "1 = yes",
+        "p99 under 1.5x the Spark trigger" + (f" ({g['bound_ms']:,.0f} ms)" if g else ""),
+        lambda x: float(goal(x["rows"], x["trigger_s"])["met"]))
 
 
 def snap_rows(row, results: dict, opts: argparse.Namespace) -> None:
@@ -497,10 +531,11 @@ def main(argv: list[str] | None = None) -> int:
         # starts a control plane; spark_sink starts seven Spark JVMs, minutes on two cores.
         # snapshots starts an object store and restarts workers on a pre-loaded partition: over
         # a minute even at tiny sizes (python -m bench.snapshots runs it alone)
-        skip.update(("autoscale", "spark_sink", "snapshots", "node_faults"))
-    if os.geteuid() != 0 and "node_faults" not in skip:
-        say("node_faults left out: the node tier needs root")
-        skip.add("node_faults")
+        skip.update(("autoscale", "spark_sink", "snapshots", "node_faults", "pipeline_rate"))
+    for step in ("node_faults", "pipeline_rate"):
+        if os.geteuid() != 0 and step not in skip:
+            say(f"{step} left out: the node tier needs root")
+            skip.add(step)
     if args.peers:
         skip = set(STEPS) - {"dedup_vs_copy"}
     elif args.peers is None:
