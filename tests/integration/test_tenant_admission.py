@@ -110,7 +110,7 @@ def test_an_admin_can_allow_more(crds, kube_api, k8s_namespace, tools, helm_env)
                                  "spec.dedup.backup": {"uri": "s3://state", "endpoint": "http://169.254.169.254"}})
         res = kubectl_apply(crds, k8s_namespace, store, check=False)
         assert "spec.dedup.backup.endpoint: http://169.254.169.254 is not allowed" in res.stderr, res.stderr
-        for conf, key in (("hadoopConf", "fs.s3a.bucket.ckpt.endpoint"), ("sparkConf", "spark.hadoop.fs.s3a.proxy.host")):
+        for conf, key in (("hadoopConf", "fs.s3a.bucket.ckpt.eu.endpoint"), ("sparkConf", "spark.hadoop.fs.s3a.proxy.host")):
             ckpt = changed(good, **{"metadata.name": "ckpt", f"spec.processing.{conf}": {key: "169.254.169.254"}})
             res = kubectl_apply(crds, k8s_namespace, ckpt, check=False)
             assert f"spec.processing.{conf}[{key}]: 169.254.169.254 is not allowed" in res.stderr, res.stderr

@@ -116,6 +116,8 @@ def refused(s: PipelineSpec, p: dict | None = None, registries=()) -> list[str]:
      {"objectStore": {"endpoints": ["http://*.storage.svc:8333"]}},
      ["sparkConf[spark.hadoop.fs.s3a.endpoint]: http://far:80", "hadoopConf[fs.s3a.bucket.ckpt.endpoint]",
       "hadoopConf[fs.s3a.proxy.host]: far is not allowed"]),
+    (spec(processing={"hadoopConf": {"fs.s3a.bucket.ckpt.eu.endpoint": "http://far:80"}}),  # a bucket name with dots
+     {"objectStore": {"endpoints": ["http://*.storage.svc:8333"]}}, ["hadoopConf[fs.s3a.bucket.ckpt.eu.endpoint]"]),
     (spec(processing={"hadoopConf": {"fs.s3a.endpoint": "http://far:80"}}), None, []),  # no list: any store
     (spec(dedup={"image": "ghcr.io/evil/x:1"}), None, []),  # no registry allow-list: any image
 ])

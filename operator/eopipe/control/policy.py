@@ -61,7 +61,7 @@ DENIED_ENV = (
 )
 # Hadoop settings (in hadoopConf, or sparkConf as spark.hadoop.*) that say where s3a sends the
 # checkpoint and its credentials: held to tenantPolicy.objectStore.endpoints, as the backups are.
-S3A_ROUTE = r"(?:spark\.hadoop\.)?fs\.s3a\.(?:bucket\.[^.]+\.)?(?:endpoint|proxy\.host)"
+S3A_ROUTE = r"(?:spark\.hadoop\.)?fs\.s3a\.(?:bucket\..+\.)?(?:endpoint|proxy\.host)"
 ENV_ALLOW_PATTERN = r"[A-Z][A-Z0-9_]*"
 # Taints only the cluster's own nodes carry; the empty key tolerates every taint.
 DENIED_TOLERATION_KEYS = ("", "node-role.kubernetes.io/*")
