@@ -130,6 +130,20 @@ def broker(workdir: Path, bootstrap: str | None = None):
         b.stop()
 
 
+def node_test(test: str, work: Path, out: Path, nodes: int, env: dict[str, str]) -> dict:
+    """A node-tier test run by pytest on a tier of its own (the tier's helpers live with the
+    tests), which writes what it measured to `out` once verified: that JSON, or RuntimeError."""
+    out.unlink(missing_ok=True)
+    env = {**os.environ, "EOPIPE_NODE_TESTS": "1", "EOPIPE_NODES": str(nodes), **env}
+    res = subprocess.run([sys.executable, "-m", "pytest", test, "-p", "no:randomly", "-q", "-s",
+                          "-p", "no:cacheprovider"], cwd=REPO, env=env, capture_output=True, text=True)
+    (work / "pytest.log").write_text(res.stdout + res.stderr)
+    if res.returncode != 0 or not out.exists():
+        tail = (res.stdout + res.stderr).strip().splitlines()[-5:]
+        raise RuntimeError(f"{test} failed (exit {res.returncode}; log {work / 'pytest.log'}): {' | '.join(tail)}")
+    return json.loads(out.read_text())
+
+
 def standalone(prog: str, doc: str, options, table, argv, run, needs_broker: bool = True) -> int:
     """main() of one benchmark run alone (`python -m <prog>`): its `options(parser)` plus
     --bootstrap and --json, a fresh local broker unless --bootstrap, then its table.

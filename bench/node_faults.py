@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO, say
+from bench.common import REPO, node_test, say
 
 TEST = "tests/e2e/test_node_loss.py"
 OUT_ENV = "EOPIPE_NODE_FAULTS_OUT"  # where the test writes what it measured
@@ -69,17 +67,9 @@ def sample(bootstrap: str, group: str, topic: str, interval: float) -> None:
 
 def bench(work: Path, progress=say) -> dict:
     """The test run on a tier of its own; what it measured (its JSON), or RuntimeError."""
-    out = work / "node_faults.json"
-    out.unlink(missing_ok=True)
     progress(f"node faults: {TEST} on a 3-node tier of its own (about 10 minutes)")
-    env = {**os.environ, "EOPIPE_NODE_TESTS": "1", "EOPIPE_NODES": "3", OUT_ENV: str(out)}
-    res = subprocess.run([sys.executable, "-m", "pytest", TEST, "-p", "no:randomly", "-q", "-p", "no:cacheprovider"],
-                         cwd=REPO, env=env, capture_output=True, text=True)
-    (work / "pytest.log").write_text(res.stdout + res.stderr)
-    if res.returncode != 0 or not out.exists():
-        tail = (res.stdout + res.stderr).strip().splitlines()[-5:]
-        raise RuntimeError(f"{TEST} failed (exit {res.returncode}; log {work / 'pytest.log'}): {' | '.join(tail)}")
-    return json.loads(out.read_text())
+    out = work / "node_faults.json"
+    return node_test(TEST, work, out, 3, {OUT_ENV: str(out)})
 
 
 def table(result: dict) -> str:

@@ -40,7 +40,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -48,7 +47,7 @@ import uuid
 from pathlib import Path
 
 from bench import pipeline_rate_summary as summary
-from bench.common import REPO, positive_ints, say, write_json
+from bench.common import REPO, node_test, positive_ints, say, write_json
 
 NS, NAME, SRC, SINK = "pipeline-rate", "payments", "payments", "payments-enriched"
 EXAMPLE = "examples/payments.yaml"
@@ -234,17 +233,9 @@ def bench(work: Path, rates: tuple[int, ...] = (1000, 10000), seconds: float = 1
     tests); what it measured, or RuntimeError (its verify included)."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / "pipeline_rate.json"
-    out.unlink(missing_ok=True)
     progress(f"pipeline_rate: {TEST} on a {nodes}-node tier of its own, rates {', '.join(map(str, rates))}")
     settings = {"rates": list(rates), "seconds": seconds, "warmup": warmup, "nodes": nodes, "out": str(out)}
-    env = {**os.environ, "EOPIPE_NODE_TESTS": "1", "EOPIPE_NODES": str(nodes), SETTINGS_ENV: json.dumps(settings)}
-    res = subprocess.run([sys.executable, "-m", "pytest", TEST, "-p", "no:randomly", "-q", "-s", "-p",
-                          "no:cacheprovider"], cwd=REPO, env=env, capture_output=True, text=True)
-    (work / "pytest.log").write_text(res.stdout + res.stderr)
-    if res.returncode != 0 or not out.exists():
-        tail = (res.stdout + res.stderr).strip().splitlines()[-5:]
-        raise RuntimeError(f"{TEST} failed (exit {res.returncode}; log {work / 'pytest.log'}): {' | '.join(tail)}")
-    return json.loads(out.read_text())
+    return node_test(TEST, work, out, nodes, {SETTINGS_ENV: json.dumps(settings)})
 
 
 def main(argv: list[str] | None = None) -> int:
