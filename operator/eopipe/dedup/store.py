@@ -17,7 +17,7 @@ Layout under the state directory:
   charges memtables to that cache: the memory of the process is bounded by `memory_bytes`
   whatever the number of partitions and segments. The bound is soft (no write stall, which
   could hold every partition behind an idle one's memtables): a burst passes it while
-  flushes catch up. Index and filter blocks live in the
+  flushes catch up, and flushes are decided on writes, so an idle store can stay over it. Index and filter blocks live in the
   cache too; bloom filters (10 bits/key) make the common case (a new key) cheap.
 """
 
