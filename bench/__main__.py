@@ -5,7 +5,9 @@ Steps (each module's docstring says exactly what it measures):
   dedup_vs_copy  dedup worker (exactly-once) vs a plain at-least-once copier: records/s, ratio;
                  with the peers (bench/peers/: Java copiers, Kafka Streams exactly_once_v2 dedup,
                  Spark dropDuplicatesWithinWatermark, its duplicates after a driver SIGKILL) as
-                 ratios against eopipe. --peers runs this table alone; --quick leaves the peers out
+                 ratios against eopipe. --peers runs this table alone; --quick leaves the peers out.
+                 Then alone at 1M records: the steady state at 200k and 1M against the goals
+                 (at least 0.85 of the copier, at most 4 µs CPU per record)
   scale          dedup throughput with 1, 2 and 4 pods on 4 and 16 partitions (one machine: the
                  pods share its cores), speed-up over 1 pod, output verified
   latency        Spark stage end to end, produce -> exactly-once Kafka sink: p50/p99
@@ -65,14 +67,14 @@ from bench.recovery_summary import FAULTS, parse_faults
 
 STEPS = ("dedup_vs_copy", "scale", "latency", "spark_sink", "dedup_latency", "recovery", "migration", "memory", "snapshots",
          "autoscale", "node_faults", "pipeline_rate")
-FULL = {"records": 200_000, "rounds": 2, "latency_seconds": 20.0, "rates": "100,1000",
+FULL = {"records": 200_000, "steady_sizes": "200000,1000000", "rounds": 2, "latency_seconds": 20.0, "rates": "100,1000",
         "recovery_keys": 1_000_000, "recovery_rate": 2000.0, "kills": 3, "recovery_steady": 5.0,
         "recovery_faults": "worker_kill,broker_kill,partition,worker_pause", "keys": 1_000_000,
         "memory_sizes": "1000000,10000000", "memory_load": 20_000,
         "scale_records": 400_000, "scale_pods": "1,2,4", "scale_partitions": "4,16",
         "dedup_rates": "1000,10000", "commit_intervals": "100,1000", "dedup_latency_seconds": 15.0,
         "sink_records": 1_000_000, "snapshot_keys": 1_000_000, "snapshot_records": 5_000_000}
-QUICK = {"records": 20_000, "rounds": 1, "latency_seconds": 4.0, "rates": "100,1000",
+QUICK = {"records": 20_000, "steady_sizes": "", "rounds": 1, "latency_seconds": 4.0, "rates": "100,1000",
          "recovery_keys": 50_000, "recovery_rate": 1000.0, "kills": 1, "recovery_steady": 2.0,
          # the broker kill is left out of the smoke run: it costs a broker restart (20-35 s on a
          # busy 2-core machine) on top of the fault broker's start; --recovery-faults adds it
@@ -99,8 +101,9 @@ def run_steps(bootstrap: str, work: Path, opts: argparse.Namespace, skip: set[st
 
     rates = tuple(int(r) for r in opts.rates.split(","))
     calls = {
-        "dedup_vs_copy": lambda: dedup_vs_copy.bench(bootstrap, work / "dedup_vs_copy", records=opts.records,
-                                                     rounds=opts.rounds, progress=say, peers=opts.peers),
+        "dedup_vs_copy": lambda: dedup_vs_copy.bench_sizes(bootstrap, work / "dedup_vs_copy", opts.records,
+                                                           sizes_of(opts.steady_sizes), rounds=opts.rounds,
+                                                           progress=say, peers=opts.peers),
         "scale": lambda: scale.bench(bootstrap, work / "scale", pods=positive_ints(opts.scale_pods),
                                      partitions=positive_ints(opts.scale_partitions), records=opts.scale_records,
                                      verify="all", progress=say),
@@ -163,6 +166,7 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
         lambda r: next((x for x in r["rows"] if x["id"] == "dedup_json"), None)["records_per_s"])
     row("dedup_vs_copy", "dedup_vs_copy_ratio", "dedup / copy throughput", "ratio", "records/s over records/s",
         lambda r: r["rows"][1]["records_per_s"] / r["rows"][0]["records_per_s"])
+    copy_goal_rows(row, opts)
     if opts.peers:
         from bench.contestants import ALL
 
@@ -288,6 +292,29 @@ def summary(results: dict, opts: argparse.Namespace, skip: set[str]) -> list[dic
                                                                  if faults else ""), lambda r: r["drain_pause_s"])
     pipeline_rows(row, results)
     return rows
+
+
+def copy_goal_rows(row, opts: argparse.Namespace) -> None:
+    """The dedup loop against the plain copier at each of --steady-sizes, steady state (issue
+    goals: at least 0.85 of the copier's records/s, at most 4 µs CPU per record)."""
+    from bench.dedup_vs_copy import GOAL_CPU_US, GOAL_RATIO
+
+    for n in sizes_of(opts.steady_sizes):
+        for cid, label in (("dedup", "dedup"), ("dedup_json", "dedup by user.id")):
+            def steady(r, n=n, cid=cid):
+                rows = {x["id"]: x for x in r["sizes"][str(n)]}
+                return rows[cid], rows["copy"]
+            notes = f"{n:,} records, 10% to 90% committed, best of {opts.rounds}"
+            row("dedup_vs_copy", f"{cid}_steady_ratio_{_count(n)}", f"{label} / copy, steady, {_count(n)} records",
+                "ratio", f"{notes}; goal >= {GOAL_RATIO}",
+                lambda r, f=steady: f(r)[0]["steady_records_per_s"] / f(r)[1]["steady_records_per_s"])
+            row("dedup_vs_copy", f"{cid}_steady_cpu_us_{_count(n)}", f"{label} CPU, steady, {_count(n)} records",
+                "µs/record", f"{notes}; goal <= {GOAL_CPU_US}; the copier's in the detail table",
+                lambda r, f=steady: f(r)[0]["steady_cpu_us_per_record"])
+
+
+def sizes_of(text: str) -> list[int]:
+    return positive_ints(text) if text else []
 
 
 def pipeline_rows(row, results: dict) -> None:
@@ -480,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-peers", dest="peers", action="store_false", help="leave the peers out")
     ap.add_argument("--bootstrap", help="an existing broker (default: start the local test broker)")
     ap.add_argument("--records", type=int, help=f"dedup_vs_copy: records in the source ({FULL['records']})")
+    ap.add_argument("--steady-sizes", help="dedup_vs_copy: source sizes whose steady state is held to the goals, "
+                    f"comma separated, peers at --records only ({FULL['steady_sizes']})")
     ap.add_argument("--rounds", type=int, help=f"dedup_vs_copy: rounds per contestant ({FULL['rounds']})")
     ap.add_argument("--scale-records", type=int, help=f"scale: records per source ({FULL['scale_records']})")
     ap.add_argument("--scale-pods", help=f"scale: pod counts, comma separated ({FULL['scale_pods']})")
@@ -518,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         parse_faults(args.recovery_faults)
     except ValueError as e:
         ap.error(f"--recovery-faults: {e}")
-    for opt in ("scale_pods", "scale_partitions", "dedup_rates", "commit_intervals"):
+    for opt in ("scale_pods", "scale_partitions", "dedup_rates", "commit_intervals") + (
+            ("steady_sizes",) if args.steady_sizes else ()):
         try:
             positive_ints(getattr(args, opt))
         except argparse.ArgumentTypeError as e:

@@ -39,6 +39,9 @@ from eopipe.core.keys import KeySpec
 from eopipe.tools.verify import verify
 
 REPO = Path(__file__).resolve().parents[1]
+# Issue goals for the dedup loop, steady state, keyed by record key and by a JSON field.
+GOAL_RATIO = 0.85    # of the plain copier's records/s in the same run
+GOAL_CPU_US = 4.0    # CPU per record
 
 
 def bench(bootstrap: str, workdir: Path, records: int = 200_000, partitions: int = 4,
@@ -102,6 +105,22 @@ def bench(bootstrap: str, workdir: Path, records: int = 200_000, partitions: int
         admin.create_topics([NewTopic(out, partitions, 1)])[out].result(30)
         result["spark_kill"] = sk.bench(bootstrap, workdir, source, out, partitions, stats["unique"],
                                         progress=progress)
+    return result
+
+
+def bench_sizes(bootstrap: str, workdir: Path, records: int, sizes: list[int], progress=print,
+                **kw) -> dict:
+    """bench() at `records` (with the peers if asked), then again alone at each other size of
+    `sizes`; the result of the first, with `sizes`: each size's rows by its record count."""
+    result = bench(bootstrap, workdir, records=records, progress=progress, **kw)
+    result["sizes"] = {str(records): result["rows"]}
+    result["larger"] = []
+    for n in sizes:
+        if str(n) not in result["sizes"]:
+            progress(f"the dedup loop against the copier at {n:,} records")
+            more = bench(bootstrap, workdir, records=n, progress=progress, **{**kw, "peers": False})
+            result["sizes"][str(n)] = more["rows"]
+            result["larger"].append(more)
     return result
 
 
@@ -207,12 +226,14 @@ def table(result: dict) -> str:
     for r in rows[1:]:
         if r["dedups"] and not r["peer"] and r.get("steady_records_per_s") and rows[0].get("steady_records_per_s"):
             lines.append(f"steady ratio {r['id']}/copy: {r['steady_records_per_s'] / rows[0]['steady_records_per_s']:.2f}"
-                         f", CPU {r['steady_cpu_us_per_record']:.1f} vs {rows[0]['steady_cpu_us_per_record']:.1f} "
-                         "µs/record")
+                         f" (goal >= {GOAL_RATIO}), CPU {r['steady_cpu_us_per_record']:.1f} vs "
+                         f"{rows[0]['steady_cpu_us_per_record']:.1f} µs/record (goal <= {GOAL_CPU_US})")
     if result.get("spark_kill"):
         from bench import spark_kill
 
         lines.append(spark_kill.table(result["spark_kill"]))
+    for more in result.get("larger") or []:
+        lines += ["", table(more)]
     return "\n".join(lines)
 
 

@@ -24,3 +24,41 @@ def test_steady(samples, end, records, rate, cpu_us):
     got = steady(samples, end, records)
     assert got["steady_records_per_s"] == (pytest.approx(rate) if rate is not None else None)
     assert got["steady_cpu_us_per_record"] == (pytest.approx(cpu_us) if cpu_us is not None else None)
+
+
+def _rows(copy, dedup, dedup_json, cpu=3.0):
+    return [{"id": "copy", "steady_records_per_s": copy, "steady_cpu_us_per_record": 2.0},
+            {"id": "dedup", "steady_records_per_s": dedup, "steady_cpu_us_per_record": cpu},
+            {"id": "dedup_json", "steady_records_per_s": dedup_json, "steady_cpu_us_per_record": cpu + 1}]
+
+
+@pytest.mark.parametrize("sizes, result, want", [
+    # one row per size, contestant and measure, from the rows of that size
+    ("200000,1000000", {"sizes": {"200000": _rows(100.0, 90.0, 50.0), "1000000": _rows(200.0, 100.0, 160.0, 5.0)}},
+     {"dedup_steady_ratio_200k": 0.9, "dedup_steady_cpu_us_200k": 3.0, "dedup_json_steady_ratio_200k": 0.5,
+      "dedup_json_steady_cpu_us_200k": 4.0, "dedup_steady_ratio_1M": 0.5, "dedup_steady_cpu_us_1M": 5.0,
+      "dedup_json_steady_ratio_1M": 0.8, "dedup_json_steady_cpu_us_1M": 6.0}),
+    # a size that did not run, or a run too short to tell: the rows are there, without a value
+    ("1000000", {"sizes": {"200000": _rows(100.0, 90.0, 50.0)}},
+     {"dedup_steady_ratio_1M": None, "dedup_steady_cpu_us_1M": None, "dedup_json_steady_ratio_1M": None,
+      "dedup_json_steady_cpu_us_1M": None}),
+    ("20000", {"sizes": {"20000": _rows(None, 90.0, 50.0)}},
+     {"dedup_steady_ratio_20k": None, "dedup_steady_cpu_us_20k": 3.0, "dedup_json_steady_ratio_20k": None,
+      "dedup_json_steady_cpu_us_20k": 4.0}),
+    ("", {"sizes": {}}, {}),  # --quick: none
+])
+def test_copy_goal_rows(sizes, result, want):
+    import argparse
+
+    from bench.__main__ import copy_goal_rows
+
+    got = {}
+
+    def row(step, mid, metric, unit, notes, get):
+        assert step == "dedup_vs_copy" and ("goal" in notes)
+        try:
+            got[mid] = float(get(result))
+        except (KeyError, TypeError, ZeroDivisionError):
+            got[mid] = None
+    copy_goal_rows(row, argparse.Namespace(steady_sizes=sizes, rounds=2))
+    assert got == {k: (pytest.approx(v) if v is not None else None) for k, v in want.items()}
