@@ -30,7 +30,7 @@ kafka: ## Kafka broker jars (Maven, cached)
 k8s: ## Kubernetes control-plane binaries and etcd (built from Go modules, cached)
 	@bash hack/build-k8s.sh >/dev/null
 
-tools: ## helm, kubeconform, promtool (chart and alert tests), toxiproxy (network faults), argocd-health (Argo CD's health runtime); Go module proxy, cached
+tools: ## helm, kubeconform, promtool (chart and alert tests), toxiproxy (network faults), argocd-health (Argo CD's health runtime), argocd (its controller and repo server); Go module proxy, cached
 	@bash hack/build-tools.sh >/dev/null
 
 spark-jars: venv ## Spark's Kafka connector jars (Maven, cached)

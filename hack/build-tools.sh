@@ -4,24 +4,25 @@
 # rules' checker and unit-test runner, github.com/prometheus/prometheus) and toxiproxy (the TCP
 # fault proxy of the Kafka network fault tests, github.com/Shopify/toxiproxy/v2), pinned below,
 # and argocd-health (hack/argocd-health: argocd/health.lua run by Argo CD's own code, its module
-# pinned in hack/argocd-health/go.mod); and for the node tier's cluster add-ons, CoreDNS
-# (github.com/coredns/coredns) and local-path-provisioner (github.com/rancher/local-path-provisioner,
-# the dynamic PV provisioner kind ships), and kube-network-policies (sigs.k8s.io/kube-network-policies,
+# pinned in hack/argocd-health/go.mod), and argocd (hack/argocd: Argo CD's own application
+# controller and repo server, the same Argo CD, run as processes by localenv/argocd.py); and for
+# the node tier's cluster add-ons, CoreDNS (github.com/coredns/coredns) and local-path-provisioner
+# (github.com/rancher/local-path-provisioner, the dynamic PV provisioner kind ships), and kube-network-policies (sigs.k8s.io/kube-network-policies,
 # the NetworkPolicy agent kind's kindnetd embeds), each run there as a pod from a one-binary image;
 # and spark-operator (github.com/kubeflow/spark-operator/v2, cmd/operator: the Kubeflow Spark
 # Operator's controller and webhook, run on the node tier from its own Helm chart).
 #
 # Idempotent: each tool lands in $EOPIPE_CACHE/tools-<name>-<version>/bin/<name> (for
-# argocd-health the version is a hash of hack/argocd-health/, so an edit there rebuilds it);
+# argocd-health and argocd the version is a hash of hack/<name>/, so an edit there rebuilds it);
 # when it is there already the script does nothing for it. A binary is linked under a
 # temporary name and renamed into place, so an interrupted build never leaves something that
 # counts as cached.
 # One go build at a time (the machines are small). Prints the bin directories on stdout (one
-# per line, in the order asked: helm, kubeconform, promtool, toxiproxy, argocd-health by
+# per line, in the order asked: helm, kubeconform, promtool, toxiproxy, argocd-health, argocd by
 # default), progress on stderr.
 #
-# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy|argocd-health|coredns|local-path-provisioner|kube-network-policies|spark-operator ...]
-#   (default: the first five; the node tier asks for the add-ons)
+# Usage: hack/build-tools.sh [helm|kubeconform|promtool|toxiproxy|argocd-health|argocd|coredns|local-path-provisioner|kube-network-policies|spark-operator ...]
+#   (default: the first six; the node tier asks for the add-ons)
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 HELM_VERSION="${HELM_VERSION:-v3.21.4}"
@@ -48,12 +49,12 @@ tool_version() {
     kubeconform) echo "$KUBECONFORM_VERSION" ;;
     promtool) echo "$PROMTOOL_VERSION" ;;
     toxiproxy) echo "$TOXIPROXY_VERSION" ;;
-    argocd-health) echo "src-$(source_hash "$REPO_ROOT/hack/argocd-health")" ;;
+    argocd-health | argocd) echo "src-$(source_hash "$REPO_ROOT/hack/$1")" ;;
     coredns) echo "$COREDNS_VERSION" ;;
     local-path-provisioner) echo "$LOCAL_PATH_VERSION" ;;
     kube-network-policies) echo "$KUBE_NETWORK_POLICIES_VERSION" ;;
     spark-operator) echo "$SPARK_OPERATOR_VERSION" ;;
-    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy, argocd-health, coredns, local-path-provisioner, kube-network-policies, spark-operator)" >&2; exit 2 ;;
+    *) echo "build-tools.sh: unknown tool $1 (helm, kubeconform, promtool, toxiproxy, argocd-health, argocd, coredns, local-path-provisioner, kube-network-policies, spark-operator)" >&2; exit 2 ;;
   esac
 }
 
@@ -73,6 +74,7 @@ tool_package() {
     # after its package directory, so it is renamed to toxiproxy below.
     toxiproxy) echo "github.com/Shopify/toxiproxy/v2/cmd/server" ;;
     argocd-health) echo "./hack/argocd-health" ;;
+    argocd) echo "./hack/argocd" ;;
     coredns) echo "github.com/coredns/coredns" ;;
     local-path-provisioner) echo "github.com/rancher/local-path-provisioner" ;;
     # The agent's main package is its cmd/ directory (upstream's Dockerfile: go build ./cmd),
@@ -112,7 +114,7 @@ tool_ldflags() {
       ;;
     kubeconform) echo "-s -w -X main.version=$KUBECONFORM_VERSION" ;;
     toxiproxy) echo "-s -w -X github.com/Shopify/toxiproxy/v2.Version=$TOXIPROXY_VERSION" ;;
-    argocd-health | coredns | local-path-provisioner | kube-network-policies) echo "-s -w" ;;
+    argocd-health | argocd | coredns | local-path-provisioner | kube-network-policies) echo "-s -w" ;;
     # As upstream's Makefile stamps it (`spark-operator version`).
     spark-operator) echo "-s -w -X k8s.io/component-base/version.gitVersion=$SPARK_OPERATOR_VERSION -X k8s.io/component-base/version.gitTreeState=clean" ;;
     promtool)
@@ -176,5 +178,5 @@ build_tool() {
 }
 
 tools=("$@")
-((${#tools[@]})) || tools=(helm kubeconform promtool toxiproxy argocd-health)
+((${#tools[@]})) || tools=(helm kubeconform promtool toxiproxy argocd-health argocd)
 for t in "${tools[@]}"; do build_tool "$t"; done

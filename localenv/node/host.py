@@ -75,9 +75,10 @@ def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
                           stderr=subprocess.STDOUT)
 
 
-def ensure_packages() -> list[str]:
-    """apt-get install of the missing packages; returns what it installed."""
-    missing = sorted({pkg for cmd, pkg in PACKAGES.items()
+def ensure_packages(packages: dict[str, str] = PACKAGES) -> list[str]:
+    """apt-get install of the Debian packages (command or path -> package) whose command is
+    missing; returns what it installed."""
+    missing = sorted({pkg for cmd, pkg in packages.items()
                       if not (Path(cmd).exists() if cmd.startswith("/") else shutil.which(cmd))})
     if missing:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
