@@ -40,8 +40,9 @@ Steps (each module's docstring says exactly what it measures):
 Prints the detail table of each step, then one combined table (stdout; progress goes to
 stderr); writes the combined table and the details as JSON and a plot as PNG and SVG. Absolute
 numbers drift on a shared 2-core machine; compare the rows of one run. The full run takes
-8 to 14 minutes on 2 cores (0.5 to 2 of them pre-building the 10M-key store, 5 to 8 the
-recovery faults; the disk peaks near 0.5 GB under .work/bench, removed after), about 11 more
+10 to 18 minutes on 2 cores (0.5 to 2 of them pre-building the 10M-key store, 5 to 8 the
+recovery faults, 2 to 4 the dedup loop at 1M records; the disk peaks near 0.5 GB under
+.work/bench, removed after), about 11 more
 for snapshots (1M keys, 5M records per throughput run), plus about 5 for the peers (--peers alone: 5.4 min); --quick is a smoke run with small sizes, no peers and
 one round of two fault classes, worker kill and partition (~2.5 min, ~6 on a busy machine).
 

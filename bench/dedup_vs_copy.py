@@ -114,13 +114,13 @@ def bench_sizes(bootstrap: str, workdir: Path, records: int, sizes: list[int], p
     `sizes`; the result of the first, with `sizes`: each size's rows by its record count."""
     result = bench(bootstrap, workdir, records=records, progress=progress, **kw)
     result["sizes"] = {str(records): result["rows"]}
-    result["larger"] = []
+    result["others"] = []
     for n in sizes:
         if str(n) not in result["sizes"]:
             progress(f"the dedup loop against the copier at {n:,} records")
             more = bench(bootstrap, workdir, records=n, progress=progress, **{**kw, "peers": False})
             result["sizes"][str(n)] = more["rows"]
-            result["larger"].append(more)
+            result["others"].append(more)
     return result
 
 
@@ -232,7 +232,7 @@ def table(result: dict) -> str:
         from bench import spark_kill
 
         lines.append(spark_kill.table(result["spark_kill"]))
-    for more in result.get("larger") or []:
+    for more in result.get("others") or []:
         lines += ["", table(more)]
     return "\n".join(lines)
 
