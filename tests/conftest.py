@@ -33,12 +33,20 @@ _PARTS = {
 }
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     for item in items:
         used = set(item.fixturenames)
         for mark, fixtures in _PARTS.items():
             if used & fixtures:
                 item.add_marker(mark)
+        if "node_tier" in used:
+            # The first node-tier test's setup waits for the tier's start, which on a cold
+            # machine builds the images (over 17 minutes on 2 cores): the test's timeout counts
+            # from its own call, and that wait has its own bound (tests/e2e/conftest.py).
+            mark = item.get_closest_marker("timeout")
+            timeout = mark.kwargs.get("timeout", mark.args[0] if mark and mark.args else None) if mark else None
+            item.add_marker(pytest.mark.timeout(timeout or float(config.getini("timeout")), func_only=True),
+                            append=False)
     items.sort(key=lambda i: run_group(i.nodeid, i.fixturenames))  # stable: each group keeps its order
 
 
