@@ -44,9 +44,8 @@ def pytest_collection_modifyitems(config, items):
             # machine builds the images (over 17 minutes on 2 cores): the test's timeout counts
             # from its own call, and that wait has its own bound (tests/e2e/conftest.py).
             mark = item.get_closest_marker("timeout")
-            timeout = mark.kwargs.get("timeout", mark.args[0] if mark and mark.args else None) if mark else None
-            item.add_marker(pytest.mark.timeout(timeout or float(config.getini("timeout")), func_only=True),
-                            append=False)
+            own = (mark.kwargs.get("timeout") or (mark.args or [None])[0]) if mark else None
+            item.add_marker(pytest.mark.timeout(own or float(config.getini("timeout")), func_only=True), append=False)
     items.sort(key=lambda i: run_group(i.nodeid, i.fixturenames))  # stable: each group keeps its order
 
 
