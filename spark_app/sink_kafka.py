@@ -67,6 +67,7 @@ from typing import Callable, Iterable
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from spark_app.sink_position import watermarks
 from spark_app.sink_units import Unit, UnknownLegacyWrites, decide, legacy_may_hold, legacy_written, observe
 from spark_app.upgrade import CHECKPOINT_REFUSED
 
@@ -180,8 +181,7 @@ def read_marker(params: SinkParams, marker_key: str, partition: int, timeout: fl
     hw_probe = Consumer({**params.client_config, "group.id": group,
                          "isolation.level": "read_uncommitted", "enable.auto.commit": False})
     try:
-        low, high = hw_probe.get_watermark_offsets(
-            TopicPartition(params.commit_topic, partition), timeout=timeout, cached=False)
+        low, high = watermarks(hw_probe, TopicPartition(params.commit_topic, partition), timeout)
     finally:
         hw_probe.close()
     if high <= low:

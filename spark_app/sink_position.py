@@ -11,7 +11,8 @@ committed). Starting there continues the output with no gap and no duplicate. A 
 plan's units (`task-<i>`, by shuffle partition) name no source range: their sink position is
 unknown, and such a query starts at `startingOffsets` as before (docs/design.md says so).
 
-`plan_start` is the pure part; `read_markers`, `end_offsets` and `checkpoint_is_empty` do the I/O.
+`plan_start` is the pure part; `read_markers`, `end_offsets`, `watermarks` and
+`checkpoint_is_empty` do the I/O.
 """
 
 from __future__ import annotations
@@ -74,6 +75,29 @@ def plan_start(markers: Iterable[dict], topic: str, partitions: Mapping[int, int
 
 # ----------------------------------------------------------------------------------- I/O
 
+# Broker answers of a cluster in motion (a partition's leader not yet known to the broker asked,
+# just after the topic's creation or a failover), not of a wrong request: ask again.
+_MOVING = ("NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART",
+           "REPLICA_NOT_AVAILABLE", "BROKER_NOT_AVAILABLE", "_TRANSPORT")
+
+
+def watermarks(consumer, tp, timeout: float) -> tuple[int, int]:
+    """(low, high) of `tp` now, asked again while the cluster is in motion, up to `timeout`."""
+    import time
+
+    from confluent_kafka import KafkaError, KafkaException
+
+    moving = {getattr(KafkaError, name) for name in _MOVING}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()),
+                                                  cached=False)
+        except KafkaException as e:
+            if e.args[0].code() not in moving or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
 def read_markers(client_config: dict, commit_topic: str, timeout: float = 60.0) -> list[dict]:
     """The latest committed marker per key in the commit topic (read_committed, to the end)."""
     from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -85,7 +109,7 @@ def read_markers(client_config: dict, commit_topic: str, timeout: float = 60.0) 
         if md.error is not None:
             raise KafkaException(md.error)
         tps = [TopicPartition(commit_topic, p, 0) for p in md.partitions]
-        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=timeout, cached=False) for tp in tps}
+        ends = {tp.partition: watermarks(c, tp, timeout) for tp in tps}
         pending = {p for p, (low, high) in ends.items() if high > low}
         c.assign([TopicPartition(commit_topic, p, ends[p][0]) for p in pending])
         latest: dict[bytes, dict] = {}
@@ -120,8 +144,7 @@ def end_offsets(client_config: dict, topic: str, timeout: float = 60.0) -> dict[
     c = Consumer({**client_config, "group.id": f"{topic}.ends", "enable.auto.commit": False})
     try:
         md = c.list_topics(topic, timeout=timeout).topics[topic]
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)[1]
-                for p in md.partitions}
+        return {p: watermarks(c, TopicPartition(topic, p), timeout)[1] for p in md.partitions}
     finally:
         c.close()
 
