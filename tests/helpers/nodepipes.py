@@ -57,14 +57,27 @@ def driver_says(ns: str, app_name: str, *words: str) -> bool:
     return all(w in text for w in words)
 
 
+def spark_caught_up(ns: str, name: str, timeout: float = 600) -> dict:
+    """status.processing once the running driver has read the deduped topic to its end (lag 0,
+    its progress answered on the operator's last pass): after faults, the driver may still be
+    starting again, and a sink that has not moved for a verify's settle time is not yet done."""
+    def done() -> dict | None:
+        proc = (kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}).get("processing")
+        return proc if proc and proc.get("lagRecords") == 0 and not proc.get("error") else None
+    return wait(done, timeout, "the Spark stage at the deduped topic's end (status.processing)", interval=2)
+
+
 def verify_both_stages(ns: str, name: str, source: str, sink: str) -> dict[str, dict]:
-    """`eopipe verify` of the dedup stage and end to end, each with nothing lost and nothing twice;
-    the reports by stage."""
+    """`eopipe verify` of the dedup stage and, once the Spark stage has caught up, end to end,
+    each with nothing lost and nothing twice; the reports by stage."""
     common = ["--bootstrap", BOOTSTRAP, "--source", source, "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
               "--json", "--timeout", "400"]
     reports = {}
     for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
                         ("end to end", ["--output", sink, "--no-order", "--settle", "30"])):
+        if what == "end to end":
+            proc = spark_caught_up(ns, name)
+            log(f"Spark caught up: batch {proc.get('lastBatchId')} ended {proc.get('lastBatchTime')}, lag 0")
         res = eopipe("verify", *common, *extra)
         log(f"eopipe verify, {what}: {res.stdout}{res.stderr}")
         rep = reports[what] = json.loads(res.stdout)
