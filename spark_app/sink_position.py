@@ -98,6 +98,7 @@ def watermarks(consumer, tp, timeout: float) -> tuple[int, int]:
                 raise
             time.sleep(0.2)
 
+
 def read_markers(client_config: dict, commit_topic: str, timeout: float = 60.0) -> list[dict]:
     """The latest committed marker per key in the commit topic (read_committed, to the end)."""
     from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
