@@ -905,7 +905,7 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
 
         # The second load was stopped: the source is the truth, and it holds the first and last
         # loads' records whole.
-        reports = verify_both_stages(origin, name, src, sink)  # the origin's topics, as the restored one
+        reports = verify_both_stages(ns, name, src, sink, topics_of=origin)
         assert reports["dedup stage"]["unique_in"] >= sent["unique"] + json.loads(out)["unique"], reports
         assert reports["dedup stage"]["malformed_in"] == reports["dedup stage"]["dead_lettered"] == 10, reports
         got = _sink_forms(sink)

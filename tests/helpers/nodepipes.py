@@ -67,13 +67,15 @@ def spark_caught_up(ns: str, name: str, timeout: float = 600) -> dict:
     return wait(done, timeout, "the Spark stage at the deduped topic's end (status.processing)", interval=2)
 
 
-def verify_both_stages(ns: str, name: str, source: str, sink: str) -> dict[str, dict]:
+def verify_both_stages(ns: str, name: str, source: str, sink: str, topics_of: str | None = None) -> dict[str, dict]:
     """`eopipe verify` of the dedup stage and, once the Spark stage has caught up, end to end,
-    each with nothing lost and nothing twice; the reports by stage."""
-    common = ["--bootstrap", BOOTSTRAP, "--source", source, "--key", "json:id", "--dlq", f"{ns}.{name}.dlq",
+    each with nothing lost and nothing twice; the reports by stage. `topics_of`: the namespace
+    whose topic names a restored pipeline kept (its origin's, deleted since)."""
+    topics = f"{topics_of or ns}.{name}"
+    common = ["--bootstrap", BOOTSTRAP, "--source", source, "--key", "json:id", "--dlq", f"{topics}.dlq",
               "--json", "--timeout", "400"]
     reports = {}
-    for what, extra in (("dedup stage", ["--output", f"{ns}.{name}.deduped"]),
+    for what, extra in (("dedup stage", ["--output", f"{topics}.deduped"]),
                         ("end to end", ["--output", sink, "--no-order", "--settle", "30"])):
         if what == "end to end":
             proc = spark_caught_up(ns, name)
