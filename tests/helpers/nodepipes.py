@@ -71,11 +71,11 @@ def verify_both_stages(ns: str, name: str, source: str, sink: str, topics_of: st
     """`eopipe verify` of the dedup stage and, once the Spark stage has caught up, end to end,
     each with nothing lost and nothing twice; the reports by stage. `topics_of`: the namespace
     whose topic names a restored pipeline kept (its origin's, deleted since)."""
-    topics = f"{topics_of or ns}.{name}"
-    common = ["--bootstrap", BOOTSTRAP, "--source", source, "--key", "json:id", "--dlq", f"{topics}.dlq",
-              "--json", "--timeout", "400"]
+    named = topics_of or ns
+    common = ["--bootstrap", BOOTSTRAP, "--source", source, "--key", "json:id",
+              "--dlq", names.dlq_topic(named, name), "--json", "--timeout", "400"]
     reports = {}
-    for what, extra in (("dedup stage", ["--output", f"{topics}.deduped"]),
+    for what, extra in (("dedup stage", ["--output", names.deduped_topic(named, name)]),
                         ("end to end", ["--output", sink, "--no-order", "--settle", "30"])):
         if what == "end to end":
             proc = spark_caught_up(ns, name)
