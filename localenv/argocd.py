@@ -32,6 +32,11 @@ jitter; here no jitter); refresh() asks for an immediate look, as a git webhook 
     argo = ArgoCD(workdir, cp.kubeconfig, cp.kubectl); argo.start()
     argo.commit({"chart/Chart.yaml": ..., "chart/templates/cm.yaml": ...}, "add chart")
     argo.kubectl("apply", "-f", "app.yaml"); argo.wait_app("demo", revision=sha)
+
+On the node tier, whose API server has addresses only in node 0's network namespace, the same
+processes run there as a helper daemon (`python -m localenv.argocd`, started by ArgoCDDaemon
+through nsenter), and the test drives them with ArgoCD.attached(): git through the file
+system, kubectl through nsenter.
 """
 
 from __future__ import annotations
@@ -40,8 +45,11 @@ import atexit
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -49,7 +57,7 @@ from pathlib import Path
 import yaml
 
 from localenv import REPO_ROOT
-from localenv.daemon import LoggedProcess, free_port, last_lines
+from localenv.daemon import HelperDaemon, LoggedProcess, free_port, helper_parser, last_lines
 from localenv.node.host import ensure_packages
 
 BUILD_TOOLS = REPO_ROOT / "hack" / "build-tools.sh"
@@ -114,12 +122,13 @@ class ArgoCDError(RuntimeError):
 
 class ArgoCD:
     def __init__(self, workdir: Path, kubeconfig: Path, kubectl: Path, repo: str = "eopipe",
-                 app_resync: int = 30, loglevel: str = "info", persist_resource_health: bool = True):
+                 app_resync: int = 30, loglevel: str = "info", persist_resource_health: bool = True,
+                 kubectl_argv: list[str] | None = None):
         self.workdir = Path(workdir).resolve()
         self.kubeconfig, self.kubectl_bin = Path(kubeconfig), Path(kubectl)
+        self.kubectl_argv = kubectl_argv or [str(self.kubectl_bin), "--kubeconfig", str(self.kubeconfig)]
         self.app_resync, self.loglevel, self.persist_resource_health = app_resync, loglevel, persist_resource_health
-        self.binary = build_tool("argocd")
-        self.helm = build_tool("helm")
+        self.binary = self.helm = Path()  # start() builds them (cached)
         self.logs_dir = self.workdir / "logs"
         self.bare = self.workdir / "git" / f"{repo}.git"
         self.checkout = self.workdir / "checkout"
@@ -129,6 +138,15 @@ class ArgoCD:
         self.repo_url = f"git://127.0.0.1:{self.git_port}/{repo}.git"
         self.procs: dict[str, LoggedProcess] = {}
 
+    @classmethod
+    def attached(cls, workdir: Path, kubectl_argv: list[str]) -> "ArgoCD":
+        """The test's handle on an Argo CD that `python -m localenv.argocd` runs (ArgoCDDaemon):
+        its git repository and Applications, from its workdir's `ready` file."""
+        ready = json.loads((Path(workdir) / "ready").read_text())
+        a = cls(workdir, Path(), Path(), kubectl_argv=kubectl_argv)
+        a.repo_url = ready["repo_url"]
+        return a
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self, timeout: float = 120) -> None:
@@ -136,6 +154,7 @@ class ArgoCD:
         deadline = t0 + timeout
         atexit.register(self.stop)  # as ControlPlane: nothing outlives the Python process
         try:
+            self.binary, self.helm = build_tool("argocd"), build_tool("helm")
             ensure_packages({"redis-server": "redis-server"})  # Argo CD's cache, from Debian
             self._prepare_git()
             self._spawn("redis", ["redis-server", "--bind", "127.0.0.1", "--port", str(self.redis_port),
@@ -160,6 +179,7 @@ class ArgoCD:
     def stop(self) -> None:
         for p in reversed(list(self.procs.values())):
             p.stop()
+            (self.workdir / "pids" / p.name).unlink(missing_ok=True)
         self.procs = {}
 
     def rss_mib(self) -> dict[str, float]:
@@ -197,8 +217,7 @@ class ArgoCD:
     # -- Applications --------------------------------------------------------------------------
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> str:
-        r = subprocess.run([str(self.kubectl_bin), "--kubeconfig", str(self.kubeconfig), *args], input=input,
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run([*self.kubectl_argv, *args], input=input, capture_output=True, text=True, timeout=60)
         if check and r.returncode:
             raise ArgoCDError(f"kubectl {' '.join(args)}: {r.stderr.strip()}")
         return r.stdout
@@ -223,7 +242,13 @@ class ArgoCD:
         deadline, last = time.monotonic() + timeout, {}
         while time.monotonic() < deadline:
             self._check_alive()
-            last = self.app(name)
+            try:
+                last = self.app(name)
+            except ArgoCDError as e:  # not made yet (an app-of-apps' later wave)
+                if "NotFound" not in str(e):
+                    raise
+                time.sleep(0.5)
+                continue
             st = last.get("status", {})
             if (st.get("sync", {}).get("status") == sync and health in (None, st.get("health", {}).get("status"))
                     and (revision is None or st.get("sync", {}).get("revision") == revision)):
@@ -233,7 +258,7 @@ class ArgoCD:
                           f"{json.dumps(last.get('status'), indent=1)[:3000]}\n{self.tail()}")
 
     def tail(self, n: int = 30) -> str:
-        return "".join(f"--- {p.log}\n{last_lines(p.log, n)}\n" for p in self.procs.values())
+        return "".join(f"--- {log}\n{last_lines(log, n)}\n" for log in sorted(self.logs_dir.glob("*.log")))
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -325,6 +350,9 @@ class ArgoCD:
         p = LoggedProcess(name, argv, self.logs_dir / f"{name}.log")
         self.procs[name] = p
         p.start()
+        # Its process group, for HelperDaemon.stop() should the daemon running it be killed.
+        (self.workdir / "pids").mkdir(parents=True, exist_ok=True)
+        (self.workdir / "pids" / name).write_text(str(p.popen.pid))
 
     def _check_alive(self) -> None:
         for p in self.procs.values():
@@ -356,3 +384,62 @@ class ArgoCD:
                 return r.status == 200
         except OSError:
             return False
+
+
+# -- as a helper daemon (the node tier) ------------------------------------------------------
+
+class ArgoCDDaemon(HelperDaemon):
+    """Argo CD run by `python -m localenv.argocd` through `wrap` (nsenter into the node tier's
+    network namespace); ready once every process answers, its git repository in workdir."""
+
+    module, name, pid_files, stop_timeout = "localenv.argocd", "argocd", "pids/*", 30.0
+
+    def __init__(self, workdir: Path, kubeconfig: Path, kubectl: Path, wrap: tuple[str, ...], app_resync: int = 30):
+        super().__init__(workdir, wrap)
+        self.kubeconfig, self.kubectl, self.app_resync = kubeconfig, kubectl, app_resync
+
+    def args(self) -> list[str]:
+        return ["--kubeconfig", str(self.kubeconfig), "--kubectl", str(self.kubectl),
+                "--app-resync", str(self.app_resync)]
+
+    @staticmethod
+    def prepare() -> None:
+        """What start() would fetch, fetched where the network is (the tier's namespace has
+        none): Redis from Debian, the binaries and the argo-cd module from the Go proxy."""
+        ensure_packages({"redis-server": "redis-server"})
+        for tool in ("argocd", "helm"):
+            build_tool(tool)
+        argo_module_dir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = helper_parser("localenv.argocd", "Argo CD's controller and repo server, Redis and a git server, until "
+                                          "SIGTERM (the node tier's GitOps tests).", "stopping Argo CD")
+    ap.add_argument("--kubeconfig", required=True, type=Path)
+    ap.add_argument("--kubectl", required=True, type=Path)
+    ap.add_argument("--app-resync", type=int, default=30)
+    args = ap.parse_args(argv)
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    argo = ArgoCD(args.workdir, args.kubeconfig, args.kubectl, app_resync=args.app_resync)
+    argo.start(timeout=300)
+    tmp = args.workdir / "ready.tmp"
+    tmp.write_text(json.dumps({"repo_url": argo.repo_url}))
+    tmp.rename(args.workdir / "ready")
+    try:
+        while not done.wait(1):
+            if args.parent_pid and os.getppid() != args.parent_pid:
+                print(f"parent {args.parent_pid} gone: stopping", flush=True)
+                break
+            gone = [p.name for p in argo.procs.values() if not p.alive()]
+            if gone:
+                print(f"exited: {gone}\n{argo.tail()}", file=sys.stderr, flush=True)
+                return 1
+    finally:
+        argo.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

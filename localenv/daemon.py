@@ -5,6 +5,7 @@ fetch or build what the harness runs."""
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import signal
@@ -133,6 +134,14 @@ def terminate(proc: subprocess.Popen | None, timeout: float, sig: int = signal.S
         proc.wait()
 
 
+def helper_parser(module: str, description: str, on_parent_exit: str) -> argparse.ArgumentParser:
+    """The command line of a helper daemon: what HelperDaemon.start passes every one of them."""
+    ap = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    ap.add_argument("--workdir", required=True, type=Path)
+    ap.add_argument("--parent-pid", type=int, default=0, help=f"exit ({on_parent_exit}) when it dies")
+    return ap
+
+
 class HelperDaemon:
     """Test-side handle of a helper daemon run as `python -m <module> --workdir W --parent-pid P
     ...`: it exits (stopping what it runs) when the test process dies or on SIGTERM, and
@@ -143,8 +152,9 @@ class HelperDaemon:
     pid_files = ""       # glob under workdir of the pid files of what it runs
     stop_timeout = 20.0  # SIGTERM to SIGKILL
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, wrap: tuple[str, ...] = ()):
         self.workdir = Path(workdir)
+        self.wrap = wrap  # runs the daemon through it, e.g. nsenter into the node tier's network
         self.proc: subprocess.Popen | None = None
         self.log_path = self.workdir / f"{self.name}.log"
 
@@ -158,7 +168,7 @@ class HelperDaemon:
 
     def start(self, timeout: float = 60) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", self.module, "--workdir", str(self.workdir),
+        cmd = [*self.wrap, sys.executable, "-m", self.module, "--workdir", str(self.workdir),
                "--parent-pid", str(os.getpid()), *self.args()]
         self.proc = spawn(cmd, self.workdir, self.name, timeout, self.tail, self.stop)
 

@@ -3,7 +3,6 @@ tests' handle that starts it and reads what its pods leave on disk."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import signal
@@ -64,15 +63,12 @@ class NodeAgent(daemon.HelperDaemon):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m localenv.nodeagent",
-                                 description="A test-only node agent: plays kubelet for one Node by "
-                                             "running pods as local processes.")
+    ap = daemon.helper_parser("localenv.nodeagent", "A test-only node agent: plays kubelet for one Node by "
+                                                    "running pods as local processes.", "killing pods")
     ap.add_argument("--kubeconfig", required=True, type=Path)
-    ap.add_argument("--workdir", required=True, type=Path)
     ap.add_argument("--node-name", default="eopipe-node-0")
     ap.add_argument("--extra-path", action="append", default=None,
                     help="prepended to pods' PATH (repeatable; default: dir of this python)")
-    ap.add_argument("--parent-pid", type=int, default=0, help="exit (killing pods) when it dies")
     args = ap.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     logging.basicConfig(filename=str(args.workdir / "nodeagent.log"), level=logging.INFO,

@@ -25,7 +25,7 @@ from eopipe.control.builders import access as access_builders
 from eopipe.control.builders import dedup as dedup_builders
 from eopipe.control.builders.spark import RESTART_POLICY
 from eopipe.core.kafkaconf import OPT_IN
-from eopipe.core.names import LABEL_COMPONENT, LABEL_PIPELINE, Names, deduped_topic, dlq_topic, spark_commit_topic
+from eopipe.core.names import LABEL_PIPELINE, Names, deduped_topic, dlq_topic, spark_commit_topic
 from eopipe.core.processing import DEFAULT_MOUNT_PATH as MOUNT_PATH
 from eopipe.core.spec import PipelineSpec
 from localenv import REPO_ROOT
@@ -33,7 +33,6 @@ from localenv.node import NETNS, NETPOL_STATUS, running_nodes
 from localenv.node.__main__ import kill_container, kubectl_argv
 from localenv.node.host import shim_sockets
 from localenv.node import objectstore as node_objectstore
-from localenv.node.images import commit_app_image, commit_spark_image, tree_at
 from tests.helpers import nodetier
 from tests.helpers.docs import sh_blocks
 from tests.helpers.manifests import differences
@@ -43,7 +42,6 @@ from tests.helpers.nodepipes import (
     driver_says,
     helm_bin,
     install_operator,
-    RESTORE_GRANT,
     settled,
     start_load,
     verify_both_stages,
@@ -62,7 +60,6 @@ from tests.helpers.nodetier import (
     BOOTSTRAP,
     EOPIPE,
     eopipe,
-    helm,
     in_tier,
     kubectl,
     kubectl_json,
@@ -209,106 +206,21 @@ def test_install_doc_helm_path_in_restricted_namespaces(node_tier):
     wait(lambda: "events" not in topics(), 60, "the topics deleted")
 
 
-# The last commit whose operator and CRD know only v1alpha1 (fdf4142 added v1beta1 and stores it):
-# the upgrade below starts from the operator that stored v1alpha1. There is no release yet; when
-# there is, pin the previous CHANGELOG entry's commit here instead.
-PREVIOUS = "ebd4bedf8db71f1e23992e9ee3983f6e4df8417c"
-
-
-def _pod_lives(ns: str, name: str) -> subprocess.Popen:
-    """A watch of the pipeline's dedup pods: one line per change, name, uid and restart count."""
-    return subprocess.Popen(kubectl_argv("-n", ns, "get", "pods", "-l", f"{LABEL_PIPELINE}={name},{LABEL_COMPONENT}=dedup",
-                                         "--watch",
-                                         "--no-headers", "-o", "custom-columns=N:.metadata.name,U:.metadata.uid,"
-                                         "R:.status.containerStatuses[0].restartCount"),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-
-def _restarts_seen(lines: str) -> dict[str, int]:
-    """Per pod name: its replacements (uids after the first) plus its containers' restarts."""
-    uids: dict[str, dict[str, int]] = {}
-    for ln in lines.splitlines():
-        pod, uid, restarts = ln.split()
-        seen = uids.setdefault(pod, {})
-        seen[uid] = max(seen.get(uid, 0), int(restarts) if restarts.isdigit() else 0)
-    return {pod: len(seen) - 1 + sum(seen.values()) for pod, seen in uids.items()}
-
-
-def _upgrade_operator(helm_bin: str, ns: str, name: str, images: dict) -> None:
-    """docs/install.md's upgrade, mid-load: the CRD first (server-side), then `helm upgrade` to
-    this tree's chart and images. The pipeline written as v1alpha1 reads back as v1beta1 (and
-    still as v1alpha1), each dedup pod is replaced or restarted at most once (the one rollout the
-    new image makes). The Spark driver of the new image may still be starting: `_new_driver_runs`."""
-    (repo, tag), (spark_repo, spark_tag) = images["app"].rsplit(":", 1), images["spark"].rsplit(":", 1)
-    watch = _pod_lives(ns, name)
-    try:
-        t = time.monotonic()
-        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "charts" / "eopipe" / "crds"))
-        kubectl("wait", "--for=condition=Established", "crd/exactlyoncepipelines.eopipe.dev", "--timeout=60s")
-        try:
-            helm(helm_bin, "upgrade", "eopipe", str(REPO_ROOT / "charts" / "eopipe"), "-n", "eopipe-system",
-                 "--reset-then-reuse-values", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
-                 "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
-                 *RESTORE_GRANT, "--wait", "--timeout", "180s")
-        except AssertionError:
-            log(f"the operator after the failed upgrade:\n{kubectl('-n', 'eopipe-system', 'describe', 'pods')}\n"
-                f"{kubectl('-n', 'eopipe-system', 'logs', '-l', 'app.kubernetes.io/name=eopipe', '--tail=60', check=False)}")
-            raise
-        log(f"upgrade: CRD applied, helm upgrade done in {time.monotonic() - t:.0f}s")
-        for version in ("v1beta1", "v1alpha1"):
-            got = kubectl_json("-n", ns, "get", f"exactlyoncepipelines.{version}.eopipe.dev", name)
-            assert got["apiVersion"] == f"eopipe.dev/{version}" and got["spec"]["dedup"]["replicas"] == 2, got
-        wait(lambda: kubectl("-n", ns, "get", "statefulset", f"{name}-dedup", "-o",
-                             "jsonpath={.spec.template.spec.containers[0].image}") == images["app"],
-             180, "the new operator's image in the dedup StatefulSet")
-        kubectl("-n", ns, "rollout", "status", f"statefulset/{name}-dedup", "--timeout=300s", timeout=320)
-        log(f"upgrade: dedup pods rolled {time.monotonic() - t:.0f}s after the CRD (the Spark driver restarts meanwhile)")
-    finally:
-        watch.terminate()
-    seen = _restarts_seen(watch.communicate(timeout=30)[0])
-    log(f"upgrade: replacements + restarts per dedup pod {seen}")
-    assert set(seen) == {f"{name}-dedup-0", f"{name}-dedup-1"} and max(seen.values()) <= 1, seen
-
-
-def _new_driver_runs(ns: str, name: str, image: str) -> bool:
-    """The driver pod is of `image` and its streaming query runs."""
-    return (kubectl("-n", ns, "get", "pod", f"{name}-spark-driver", "-o", "jsonpath={.spec.containers[0].image}",
-                    check=False) == image and driver_says(ns, f"{name}-spark", "streaming query running"))
-
-
 def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
-    """As a user installs, upgrades and runs it: `helm install` of charts/eopipe, the CRD and the
-    images as of PREVIOUS (v1alpha1 only), `kubectl apply` of that commit's examples/payments.yaml
-    (v1alpha1; its Kafka is kafka.kafka.svc; its source, sink and replicas set for this node):
-    dedup pods on the kubelet with claims from the provisioner, scaled 1 -> 2, and its Spark
-    stage through the Spark Operator. Under duplicated load: the operator upgraded to this tree
-    (CRD, then helm upgrade, the Spark image with it: a new driver on the old one's checkpoint
-    and sink markers); a dedup pod force-deleted, a container killed under the kubelet; then
-    2 -> 3 -> 2 pods, 4 -> 6 source partitions, and `eopipe verify` of both stages: nothing
-    lost, nothing twice. A second pipeline (Delete) checks deletion and that `eopipe render` is
-    what the upgraded operator applies."""
-    helm_path = helm_bin()
+    """As a user installs and runs it: `helm install` of charts/eopipe, `kubectl apply` of
+    examples/payments.yaml (its Kafka is kafka.kafka.svc; its source, sink and replicas set for
+    this node): dedup pods on the kubelet with claims from the provisioner, scaled 1 -> 2, and
+    its Spark stage through the Spark Operator. Under duplicated load: a dedup pod
+    force-deleted, a container killed under the kubelet; then 2 -> 3 -> 2 pods, 4 -> 6 source
+    partitions, and `eopipe verify` of both stages: nothing lost, nothing twice. A second
+    pipeline (Delete) checks deletion and that `eopipe render` is what the chart's operator
+    applies. (The operator upgraded under load from an earlier commit's chart, images and
+    v1alpha1 manifest: test_gitops.py, through Argo CD.)"""
     t = time.monotonic()
-    old_image, archive = commit_app_image(PREVIOUS)
-    old_spark, spark_archive = commit_spark_image(PREVIOUS, node_tier["spark"])
-    nodetier.import_image(archive)
-    nodetier.import_image(spark_archive)
-    old = tree_at(PREVIOUS, tmp_path, "charts/eopipe", "examples/payments.yaml")
-    log(f"{old_image} and {old_spark} (as of {PREVIOUS[:12]}) on the node in {time.monotonic() - t:.0f}s")
-    # An earlier test's uninstall leaves the current CRD, which helm install would keep: start
-    # from the old chart's.
-    kubectl("delete", "crd", "exactlyoncepipelines.eopipe.dev", "--ignore-not-found", "--timeout=60s")
-    (repo, tag), (spark_repo, spark_tag) = old_image.rsplit(":", 1), old_spark.rsplit(":", 1)
-    t = time.monotonic()
-    helm(helm_path, "install", "eopipe", str(old / "charts" / "eopipe"), "-n", "eopipe-system",
-         "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
-         "--set", f"sparkImage.repository={spark_repo}", "--set", f"sparkImage.tag={spark_tag}",
-         "--wait", "--timeout", "180s")
-    log(f"helm install (as of {PREVIOUS[:12]}): operator available in {time.monotonic() - t:.0f}s")
+    install_operator(node_tier)
+    log(f"helm install: operator available in {time.monotonic() - t:.0f}s")
     ns, name, sink = "default", "payments", "events-enriched"
-    manifest = (old / "examples" / "payments.yaml").read_text()
-    assert "apiVersion: eopipe.dev/v1alpha1" in manifest
-    doc = yaml.safe_load(manifest)
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "payments.yaml").read_text())
     doc["spec"]["source"].update(topic="events", partitions=4)
     doc["spec"]["dedup"]["replicas"] = 1
     doc["spec"]["sink"]["kafka"] = {"topic": sink, "partitions": 4}
@@ -320,20 +232,20 @@ def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
     _rescale(ns, name, ["scale", "exactlyoncepipeline", name, "--replicas=2"], "scale 1 -> 2")
 
     # The malformed records first (a load stopped early would send only some), then a load that
-    # runs until the upgrade and the pod faults below are done (SIGTERM: it stops, flushes, reports).
+    # runs until the pod faults below are done (SIGTERM: it stops, flushes, reports).
     poison = eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", "events", "--count", "0", "--poison", "20",
                     "--seed", "14", "--quiet", "--json")
     assert poison.returncode == 0, poison.stderr
     load = start_load("events", "1000000", "800", "14")
-    _upgrade_operator(helm_path, ns, name, node_tier)
+    time.sleep(5)
     kubectl("-n", ns, "delete", "pod", f"{name}-dedup-0", "--grace-period=0", "--force")
     log(f"deleted pod {name}-dedup-0 (--grace-period=0 --force)")
     time.sleep(4)
     log(f"killed the container of {name}-dedup-1 under the kubelet: {kill_container(ns, f'{name}-dedup-1')[:12]}")
     wait(lambda: _restarts(ns, f"{name}-dedup-1") >= 1 and _ready_pods(ns, name) == 2 and settled(ns, name)
-         and _new_driver_runs(ns, name, node_tier["spark"]), 400,
-         "both pods back, a driver of the new Spark image running the query, the pipeline Ready")
-    log("both pods back, the new driver's query running, pipeline Ready")
+         and driver_says(ns, f"{name}-spark", "streaming query running"), 400,
+         "both pods back, the driver running the query, the pipeline Ready")
+    log("both pods back, the driver's query running, pipeline Ready")
     assert load.poll() is None, "the load ended before the faults did: raise its count"
     load.terminate()
     out, err = load.communicate(timeout=300)

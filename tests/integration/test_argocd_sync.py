@@ -1,8 +1,9 @@
 """Argo CD's own application controller and repo server (localenv/argocd.py: built from the
 argo-cd/v3 module) sync the Applications of docs/install.md (`examples/argocd-application.yaml`
-as written, `repoURL` set to the test's git server as a user sets it to their clone) from a git
-repository holding this repository's chart and examples, into a real API server of the test's
-own, with eopipe's health check installed in argocd-cm as argocd/README.md says.
+as written, `repoURL` set to the test's git server as a user sets it to their repository) from
+a git repository holding this repository's chart and two example pipelines (under pipelines/, as
+docs/install.md's GitOps repository), into a real API server of the test's own, with eopipe's
+health check installed in argocd-cm as argocd/README.md says.
 
 There is no kubelet and no operator on this control plane: the operator's Deployment never runs
 and the pipelines' status is written by the test, in the operator's shape
@@ -59,7 +60,8 @@ def set_status(argo: ArgoCD, name: str, status: dict) -> None:
 
 def test_the_documented_applications_sync_stay_in_sync_and_report_pipeline_health(argo):
     files = {**ArgoCD.tree(REPO / "charts" / "eopipe", "charts/eopipe"),
-             **{f"examples/{n}": (REPO / "examples" / n).read_text() for n in ("minimal.yaml", "payments.yaml")}}
+             "values/eopipe.yaml": "{}\n",  # the chart's defaults: no image runs here
+             **{f"pipelines/{n}": (REPO / "examples" / n).read_text() for n in ("minimal.yaml", "payments.yaml")}}
     sha = argo.commit(files, "eopipe's chart and pipelines")
     docs = [d for d in yaml.safe_load_all(DOCS_APPS.read_text()) if d]
     for d in docs:
@@ -107,9 +109,9 @@ def test_the_documented_applications_sync_stay_in_sync_and_report_pipeline_healt
     # A change pushed to git is applied; until the operator observes the new generation the
     # pipeline is Progressing, whatever its older conditions say.
     set_status(argo, "minimal", pipeline()["status"])
-    changed = yaml.safe_load(files["examples/minimal.yaml"])
+    changed = yaml.safe_load(files["pipelines/minimal.yaml"])
     changed["spec"]["dedup"] = {"replicas": 3}
-    sha = argo.commit({"examples/minimal.yaml": yaml.safe_dump(changed, sort_keys=False)}, "minimal: 3 dedup pods")
+    sha = argo.commit({"pipelines/minimal.yaml": yaml.safe_dump(changed, sort_keys=False)}, "minimal: 3 dedup pods")
     argo.refresh("eopipe-pipelines")
     argo.wait_app("eopipe-pipelines", health=None, revision=sha)
     live = json.loads(argo.kubectl("-n", PIPELINES, "get", "exactlyoncepipeline", "minimal", "-o", "json"))
@@ -120,7 +122,7 @@ def test_the_documented_applications_sync_stay_in_sync_and_report_pipeline_healt
 
     # A pipeline removed from git: prune is off for pipelines (docs/install.md), so it stays,
     # and the Application says it is out of sync until a person deletes it.
-    sha = argo.commit({"examples/payments.yaml": None}, "payments leaves git")
+    sha = argo.commit({"pipelines/payments.yaml": None}, "payments leaves git")
     argo.refresh("eopipe-pipelines")
     app = argo.wait_app("eopipe-pipelines", sync="OutOfSync", health=None, revision=sha)
     gone = resources(app)[("ExactlyOncePipeline", "payments")]

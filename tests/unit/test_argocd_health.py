@@ -103,9 +103,12 @@ def test_example_applications():
     # Pipelines are not pruned (deleting one may delete its topics).
     assert operator["spec"]["syncPolicy"]["automated"]["prune"] is True
     assert pipelines["spec"]["syncPolicy"]["automated"]["prune"] is False
-    include = pipelines["spec"]["source"]["directory"]["include"].strip("{}").split(",")
-    for name in include:
-        assert (ROOT / pipelines["spec"]["source"]["path"] / name).exists(), name
+    # The layout of docs/install.md's GitOps repository, managed by the app-of-apps.
+    assert pipelines["spec"]["source"]["path"] == "pipelines"
+    assert "Prune=false" in namespace["metadata"]["annotations"]["argocd.argoproj.io/sync-options"]
+    root = yaml.safe_load((ROOT / "examples" / "argocd-app-of-apps.yaml").read_text())
+    assert root["spec"]["source"]["path"] == "apps" and root["spec"]["destination"]["namespace"] == "argocd"
+    assert "apps/eopipe.yaml" in (ROOT / "docs" / "install.md").read_text()
 
 
 def _seconds(duration: str) -> int:

@@ -1,0 +1,301 @@
+"""GitOps on the node tier: Argo CD's own application controller and repo server
+(localenv/argocd.py, run in the tier's network namespace) sync eopipe's chart and a pipeline
+from a git repository laid out as docs/install.md's "A GitOps repository", through the
+app-of-apps of examples/argocd-app-of-apps.yaml, onto the real kubelets; every later change
+arrives by a commit."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from localenv import REPO_ROOT
+from localenv.argocd import NAMESPACE, ArgoCD, ArgoCDDaemon
+from localenv.node.__main__ import KUBECONFIG, kubectl_argv
+from localenv.node.images import commit_app_image, commit_spark_image, tree_at
+from tests.helpers import nodetier
+from tests.helpers.nodepipes import (
+    PREVIOUS,
+    delete_spark_pipeline,
+    delete_topics,
+    driver_says,
+    pod_lives,
+    restarts_seen,
+    settled,
+    start_load,
+    verify_both_stages,
+)
+from tests.helpers.nodetier import BOOTSTRAP, NODE_TESTS, in_tier, kubectl, kubectl_json, log, wait
+
+pytestmark = NODE_TESTS
+
+NS, NAME, SRC, SINK = "pipelines", "payments", "gitops", "gitops-enriched"  # NS: the docs' watched namespace
+PIPELINE_FILE = f"pipelines/{NAME}.yaml"
+ROOT_APP, OPERATOR_APP, PIPELINES_APP = "eopipe", "eopipe-operator", "eopipe-pipelines"
+# A stateless change of the payments example's SQL: one more column (keepCheckpoint goes on).
+SQL_V2 = ("SELECT id, account, amount_cents, currency, amount_cents >= 1000000 AS large, 'v2' AS rev "
+          "FROM events")
+
+
+@pytest.fixture(scope="module")
+def argo(node_tier, tmp_path_factory):
+    """Argo CD in the tier's namespace (the API server listens only there), stopped after the
+    module; the test's handle drives its git repository and Applications."""
+    ArgoCDDaemon.prepare()
+    work = tmp_path_factory.mktemp("argocd-tier")
+    kubectl_bin = Path(kubectl_argv()[3])
+    daemon = ArgoCDDaemon(work, KUBECONFIG, kubectl_bin, wrap=tuple(in_tier()))
+    t = time.monotonic()
+    daemon.start(timeout=300)
+    log(f"Argo CD (application controller, repo server, Redis, git daemon) ready in {time.monotonic() - t:.0f}s")
+    try:
+        yield ArgoCD.attached(work, kubectl_argv())
+    finally:
+        daemon.stop()
+
+
+def _values(images: dict) -> str:
+    """values/eopipe.yaml: the chart's images (a user's registry; the tier's images)."""
+    (repo, tag), (spark_repo, spark_tag) = images["app"].rsplit(":", 1), images["spark"].rsplit(":", 1)
+    return yaml.safe_dump({"image": {"repository": repo, "tag": tag},
+                           "sparkImage": {"repository": spark_repo, "tag": spark_tag}})
+
+
+def _apps_file(repo_url: str) -> str:
+    """apps/eopipe.yaml: examples/argocd-application.yaml, its repoURL set."""
+    docs = [d for d in yaml.safe_load_all((REPO_ROOT / "examples" / "argocd-application.yaml").read_text()) if d]
+    for d in docs:
+        if d["kind"] == "Application":
+            d["spec"]["source"]["repoURL"] = repo_url
+    return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def _resource(app: dict, kind: str, name: str) -> dict:
+    return next((r for r in app["status"].get("resources", []) if (r["kind"], r["name"]) == (kind, name)), {})
+
+
+def _health_until(argo: ArgoCD, want: str, timeout: float, what: str, via: tuple[str, ...] = ()) -> tuple[list, dict]:
+    """The pipeline's health in its Application, polled until `want` once each of `via` was seen
+    (in order); returns the statuses seen (repeats dropped) and the last health."""
+    seen, deadline, left = [], time.monotonic() + timeout, list(via)
+    while True:
+        h = _resource(argo.app(PIPELINES_APP), "ExactlyOncePipeline", NAME).get("health") or {}
+        status = h.get("status")
+        if status and (not seen or seen[-1] != status):
+            seen.append(status)
+            log(f"Argo CD: {NAME} {status}: {h.get('message', '')[:200]}")
+        if left and status == left[0]:
+            left.pop(0)
+        if status == want and not left:
+            return seen, h
+        assert time.monotonic() < deadline, f"{what}: health {seen} after {timeout:.0f}s, not {want} via {via}"
+        time.sleep(0.5)
+
+
+def _in_sync_after_a_hard_refresh(argo: ArgoCD) -> None:
+    """Compared afresh with the operator running: what it and the API server write (status, its
+    finalizer, defaults) makes no difference Argo CD would show, with no ignoreDifferences."""
+    for name in (ROOT_APP, OPERATOR_APP, PIPELINES_APP):
+        argo.kubectl("-n", NAMESPACE, "annotate", "--overwrite", "application", name,
+                     "argocd.argoproj.io/refresh=hard")
+        app = wait(lambda n=name: (a := argo.app(n))["metadata"].get("annotations", {}).get(
+            "argocd.argoproj.io/refresh") is None and a, 120, f"{name} compared again")
+        out = [r for r in app["status"].get("resources", []) if r["status"] != "Synced"]
+        assert app["status"]["sync"]["status"] == "Synced" and not out, (name, out)
+
+
+def _sink_end() -> int:
+    return sum(json.loads(nodetier.python(
+        "import json; from tests.helpers.sparkfiles import end_offsets; "
+        f"print(json.dumps(end_offsets({BOOTSTRAP!r}, {SINK!r})))")).values())
+
+
+def _sink_has(field: str) -> bool:
+    return nodetier.python(
+        "import json; from eopipe.tools.verify import TopicReader\n"
+        f"print(any({field!r} in json.loads(m.value()) for m in TopicReader({BOOTSTRAP!r}).read({SINK!r})))",
+        timeout=300).strip() == "True"
+
+
+def _push(argo: ArgoCD, files: dict, message: str, *apps: str) -> str:
+    """A commit, then each app asked to look at git now (as a webhook does)."""
+    sha = argo.commit(files, message)
+    for a in apps:
+        argo.refresh(a)
+    log(f"git: {message} ({sha[:12]})")
+    return sha
+
+
+def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(node_tier, argo, tmp_path):
+    """The GitOps repository holds the chart and images as of PREVIOUS and that commit's
+    examples/payments.yaml (v1alpha1, set for this tier); the app-of-apps applied once by hand
+    makes the watched namespace, the operator's Application and the pipelines', in their sync
+    waves, and everything after is a commit. Under duplicated load:
+    - the chart of this tree and its images: Argo CD upgrades the CRD (server-side apply) and the
+      operator; the dedup pods roll, a driver of the new Spark image goes on from the checkpoint;
+      the v1alpha1 manifest stays in sync against the upgraded CRD;
+    - dedup.replicas 1 -> 2: the pipeline Progressing in Argo CD while partitions move, then Healthy;
+    - processing.sql with one more column: Progressing, then Healthy, the new column in the sink;
+    - a change the operator cannot apply (the dedup claims' size): Degraded with the operator's
+      reason and message, the pipeline running on as it was; the commit reverted: Healthy.
+    Then `eopipe verify` of both stages: nothing lost, nothing twice. The pipeline's file removed
+    from git: it stays (prune off for pipelines), OutOfSync and requiring pruning, until a
+    person deletes it. Deleting the app-of-apps with Argo CD's cascade removes the operator and
+    leaves the CRD."""
+    t = time.monotonic()
+    old_app, archive = commit_app_image(PREVIOUS)
+    old_spark, spark_archive = commit_spark_image(PREVIOUS, node_tier["spark"])
+    nodetier.import_image(archive)
+    nodetier.import_image(spark_archive)
+    old = tree_at(PREVIOUS, tmp_path, "charts/eopipe", "examples/payments.yaml")
+    old_images = {"app": old_app, "spark": old_spark}
+    log(f"{old_app} and {old_spark} (as of {PREVIOUS[:12]}) on the nodes in {time.monotonic() - t:.0f}s")
+    # An earlier test's uninstall leaves this tree's CRD; Argo CD would not downgrade it.
+    kubectl("delete", "crd", "exactlyoncepipelines.eopipe.dev", "--ignore-not-found", "--timeout=60s")
+
+    doc = yaml.safe_load((old / "examples" / "payments.yaml").read_text())
+    assert doc["apiVersion"] == "eopipe.dev/v1alpha1", doc["apiVersion"]
+    doc["spec"]["source"].update(topic=SRC, partitions=4)
+    doc["spec"]["dedup"]["replicas"] = 1
+    doc["spec"]["sink"]["kafka"] = {"topic": SINK, "partitions": 4}
+
+    def pipeline_file() -> str:
+        return yaml.safe_dump(doc, sort_keys=False)
+
+    root = yaml.safe_load((REPO_ROOT / "examples" / "argocd-app-of-apps.yaml").read_text())
+    root["spec"]["source"]["repoURL"] = argo.repo_url
+    sha = _push(argo, {**ArgoCD.tree(old / "charts" / "eopipe", "charts/eopipe"),
+                       "values/eopipe.yaml": _values(old_images), "apps/eopipe.yaml": _apps_file(argo.repo_url),
+                       # The path stays when the last pipeline leaves (an Application whose path is
+                       # gone cannot compare); Argo CD reads only the YAML and JSON files there.
+                       "pipelines/README.md": "The ExactlyOncePipelines of this cluster, one file each.\n",
+                       PIPELINE_FILE: pipeline_file()}, f"eopipe as of {PREVIOUS[:12]}, payments")
+    load = None
+    try:
+        t = time.monotonic()
+        argo.apply([root])
+        argo.wait_app(OPERATOR_APP, revision=sha, timeout=300)
+        argo.wait_app(PIPELINES_APP, revision=sha, timeout=600)
+        argo.wait_app(ROOT_APP, revision=sha, timeout=120)  # its last wave Healthy
+        log(f"app-of-apps: the operator, then {NAME} Healthy in Argo CD, in {time.monotonic() - t:.0f}s")
+        # Healthy is Ready: the driver pod runs; its query starts a little later.
+        wait(lambda: settled(NS, NAME) and driver_says(NS, f"{NAME}-spark", "streaming query running"), 300,
+             f"{NAME}'s streaming query running")
+        _in_sync_after_a_hard_refresh(argo)
+
+        load = start_load(SRC, "1000000", "500", "34")
+        wait(lambda: _sink_end() > 0, 300, "the load's first records in the sink", interval=3)
+
+        # The operator upgraded by a commit: this tree's chart and images.
+        t, watch = time.monotonic(), pod_lives(NS, NAME)
+        # One commit, seen by the operator's Application alone: the chart and its values together.
+        sha = _push(argo, {**ArgoCD.tree(REPO_ROOT / "charts" / "eopipe", "charts/eopipe"),
+                           "values/eopipe.yaml": _values(node_tier)},
+                    "eopipe: this tree's chart and images", OPERATOR_APP)
+        argo.wait_app(OPERATOR_APP, revision=sha, timeout=300)
+        wait(lambda: kubectl("-n", NS, "get", "statefulset", f"{NAME}-dedup", "-o",
+                             "jsonpath={.spec.template.spec.containers[0].image}") == node_tier["app"],
+             300, "the new operator's image in the dedup StatefulSet")
+        kubectl("-n", NS, "rollout", "status", f"statefulset/{NAME}-dedup", "--timeout=300s", timeout=320)
+        watch.terminate()
+        lives = restarts_seen(watch.communicate(timeout=30)[0])
+        log(f"upgrade: replacements + restarts per dedup pod {lives}")
+        # The one rollout the new image makes, nothing more.
+        assert set(lives) == {f"{NAME}-dedup-0"} and max(lives.values()) <= 1, lives
+        wait(lambda: settled(NS, NAME) and kubectl(
+            "-n", NS, "get", "pod", f"{NAME}-spark-driver", "-o", "jsonpath={.spec.containers[0].image}",
+            check=False) == node_tier["spark"] and driver_says(NS, f"{NAME}-spark", "streaming query running"),
+            600, "a driver of the new Spark image running the query, the pipeline Ready")
+        # The file in git says v1alpha1; the upgraded CRD serves it as both.
+        for version in ("v1beta1", "v1alpha1"):
+            got = kubectl_json("-n", NS, "get", f"exactlyoncepipelines.{version}.eopipe.dev", NAME)
+            assert got["apiVersion"] == f"eopipe.dev/{version}" and got["spec"]["dedup"]["replicas"] == 1, got
+        argo.refresh(PIPELINES_APP)
+        argo.wait_app(PIPELINES_APP, revision=sha, timeout=300)  # the v1alpha1 file: no difference
+        log(f"upgraded through git: CRD, operator, dedup pods and driver in {time.monotonic() - t:.0f}s")
+        _in_sync_after_a_hard_refresh(argo)
+
+        # dedup.replicas 1 -> 2: Progressing while partitions move, then Healthy.
+        before = (kubectl_json("-n", NS, "get", "exactlyoncepipeline", NAME)["status"].get("lastRebalance")
+                  or {}).get("id", -1)
+        doc["spec"]["dedup"]["replicas"] = 2
+        _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: 2 dedup pods", PIPELINES_APP)
+        seen, _ = _health_until(argo, "Healthy", 300, "replicas 1 -> 2", via=("Progressing",))
+        wait(lambda: settled(NS, NAME, before), 120, f"{NAME} settled after its rebalance")
+        log(f"replicas 1 -> 2 in Argo CD: {' -> '.join(seen)}")
+
+        # A stateless SQL change: Progressing, then Healthy, the new column in the sink.
+        doc["spec"]["processing"]["sql"] = SQL_V2
+        _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: one more column", PIPELINES_APP)
+        seen, _ = _health_until(argo, "Healthy", 600, "the SQL change", via=("Progressing",))
+        wait(lambda: _sink_has("rev"), 600, "the new SQL's column in the sink", interval=5)
+        log(f"SQL change in Argo CD: {' -> '.join(seen)}")
+
+        # A change the operator cannot apply: Degraded with its reason; reverted: Healthy.
+        good = doc["spec"]["dedup"]["storage"]
+        doc["spec"]["dedup"]["storage"] = {**good, "size": "3Gi"}
+        _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: bigger dedup claims", PIPELINES_APP)
+        _, h = _health_until(argo, "Degraded", 300, "the claims' size change")
+        assert "ApplyFailed" in h["message"] and f"StatefulSet {NAME}-dedup" in h["message"], h
+        assert argo.app(PIPELINES_APP)["status"]["health"]["status"] == "Degraded"
+        sts = kubectl_json("-n", NS, "get", "statefulset", f"{NAME}-dedup")
+        assert sts["status"].get("readyReplicas") == 2, sts["status"]  # running on as it was
+        doc["spec"]["dedup"]["storage"] = good
+        sha = _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: revert the claims' size", PIPELINES_APP)
+        _health_until(argo, "Healthy", 300, "the revert")
+        argo.wait_app(PIPELINES_APP, revision=sha)
+
+        assert load.poll() is None, "the load ended before the changes did: raise its count"
+        load.terminate()
+        out, err = load.communicate(timeout=300)
+        assert load.returncode == 0, err
+        sent = json.loads(out)
+        load = None
+        log(f"load: {sent}")
+        rep = verify_both_stages(NS, NAME, SRC, SINK)["dedup stage"]
+        assert rep["unique_in"] == sent["unique"], rep
+
+        # Prune is off for pipelines: removed from git, it stays until a person deletes it.
+        sha = _push(argo, {PIPELINE_FILE: None}, f"{NAME} leaves git", PIPELINES_APP)
+        app = argo.wait_app(PIPELINES_APP, sync="OutOfSync", health=None, revision=sha)
+        gone = _resource(app, "ExactlyOncePipeline", NAME)
+        assert gone["status"] == "OutOfSync" and gone.get("requiresPruning") is True, gone
+        assert settled(NS, NAME), "the pipeline left git and stopped"
+        delete_spark_pipeline(NS, NAME)
+        argo.refresh(PIPELINES_APP)
+        argo.wait_app(PIPELINES_APP, health=None, revision=sha)
+    finally:
+        if load is not None:
+            load.kill()
+        _uninstall(argo)
+        delete_topics(NS, NAME, SRC, SINK)
+    # What the next test's `helm install` needs: no object of the chart left, the CRD kept.
+    left = kubectl("get", "clusterroles,clusterrolebindings,validatingadmissionpolicies,"
+                   "validatingadmissionpolicybindings", "-l", "app.kubernetes.io/name=eopipe", "-o", "name").split()
+    assert not left, left
+    kubectl("get", "crd", "exactlyoncepipelines.eopipe.dev")
+
+
+def _uninstall(argo: ArgoCD) -> None:
+    """Argo CD's Applications gone and the operator with them, its CRD left (Argo CD never tracks
+    one), as the next test's `helm install` needs (the test checks it; run after a failure too):
+    the app-of-apps deleted without cascade (it would re-create what it holds), the pipelines'
+    Application too, the pipelines deleted by a person while the operator runs (its finalizer),
+    then the operator's Application with Argo CD's cascade (its finalizer, as `argocd app
+    delete` sets it)."""
+    for name in (ROOT_APP, PIPELINES_APP):
+        argo.kubectl("-n", NAMESPACE, "delete", "application", name, "--ignore-not-found", "--timeout=120s",
+                     check=False)
+    for ref in kubectl("-n", NS, "get", "exactlyoncepipelines", "-o", "name", check=False).split():
+        delete_spark_pipeline(NS, ref.split("/")[-1], check=False)
+    argo.kubectl("-n", NAMESPACE, "patch", "application", OPERATOR_APP, "--type=merge", "-p",
+                 json.dumps({"metadata": {"finalizers": ["resources-finalizer.argocd.argoproj.io"]}}), check=False)
+    argo.kubectl("-n", NAMESPACE, "delete", "application", OPERATOR_APP, "--ignore-not-found", "--timeout=300s",
+                 check=False)
+    # What the app-of-apps made (the watched namespace) and CreateNamespace (the operator's).
+    kubectl("delete", "namespace", "eopipe-system", NS, "--ignore-not-found", "--timeout=180s", timeout=200,
+            check=False)
