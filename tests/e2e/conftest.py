@@ -1,5 +1,5 @@
-"""The node tier, once per run: every node-tier test (tests/e2e/test_node_*.py, the full
-`make demo` in test_demo.py) shares one cluster, of NODES nodes. test_node_tier.py's last test takes it down and
+"""The node tier, once per run: every node-tier test (tests/e2e/test_node_*.py, test_gitops.py,
+the full `make demo` in test_demo.py) shares one cluster, of NODES nodes. test_node_tier.py's last test takes it down and
 checks nothing is left; the teardown here only runs when that test did not."""
 
 from __future__ import annotations
