@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,7 @@ IMAGES = RUN_DIR / "images.json"  # {"pause": ref, "app": ref, ...}: what the no
 ARCHIVES = RUN_DIR / "archives.json"  # the images' archives, which a node imports when it starts
 SERVE_OUT = STATE_DIR / "serve.out"
 KUBECONFIG = STATE_DIR / "cp" / "admin.kubeconfig"
+KUBE_CACHE = STATE_DIR / "kube-cache"  # the tier's kubectl discovery cache, gone with the tier
 
 
 def _serve_pid() -> int | None:
@@ -57,7 +59,14 @@ def _serve_pid() -> int | None:
 def kubectl_argv(*args: str) -> list[str]:
     """kubectl run inside the namespace (the apiserver listens only there)."""
     kubectl = _k8s_bin() / "kubectl"
-    return ["nsenter", f"--net={host.NETNS_PATH}", "--", str(kubectl), f"--kubeconfig={KUBECONFIG}", *args]
+    return ["nsenter", f"--net={host.NETNS_PATH}", "--", str(kubectl), f"--kubeconfig={KUBECONFIG}",
+            f"--cache-dir={KUBE_CACHE}", *args]
+
+
+def forget_api_discovery() -> None:
+    """kubectl asks the API server for its resources again: after a CRD loses a version, a
+    cached discovery still names it, and kubectl asks the server for a path it no longer serves."""
+    shutil.rmtree(KUBE_CACHE / "discovery", ignore_errors=True)
 
 
 def kill_container(ns: str, pod: str) -> str:

@@ -15,7 +15,7 @@ import yaml
 
 from localenv import REPO_ROOT
 from localenv.argocd import NAMESPACE, ArgoCD, ArgoCDDaemon
-from localenv.node.__main__ import KUBECONFIG, kubectl_argv
+from localenv.node.__main__ import KUBECONFIG, forget_api_discovery, kubectl_argv
 from localenv.node.images import commit_app_image, commit_spark_image, tree_at
 from tests.helpers import nodetier
 from tests.helpers.nodepipes import (
@@ -35,6 +35,7 @@ pytestmark = NODE_TESTS
 
 NS, NAME, SRC, SINK = "pipelines", "payments", "gitops", "gitops-enriched"  # NS: the docs' watched namespace
 PIPELINE_FILE = f"pipelines/{NAME}.yaml"
+CRD = "exactlyoncepipelines.eopipe.dev"
 ROOT_APP, OPERATOR_APP, PIPELINES_APP = "eopipe", "eopipe-operator", "eopipe-pipelines"
 # A stateless change of the payments example's SQL: one more column (keepCheckpoint goes on).
 SQL_V2 = ("SELECT id, account, amount_cents, currency, amount_cents >= 1000000 AS large, 'v2' AS rev "
@@ -155,7 +156,7 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
     old_images = {"app": old_app, "spark": old_spark}
     log(f"{old_app} and {old_spark} (as of {PREVIOUS[:12]}) on the nodes in {time.monotonic() - t:.0f}s")
     # An earlier test's uninstall leaves this tree's CRD; Argo CD would not downgrade it.
-    kubectl("delete", "crd", "exactlyoncepipelines.eopipe.dev", "--ignore-not-found", "--timeout=60s")
+    kubectl("delete", "crd", CRD, "--ignore-not-found", "--timeout=60s")
 
     doc = yaml.safe_load((old / "examples" / "payments.yaml").read_text())
     assert doc["apiVersion"] == "eopipe.dev/v1alpha1", doc["apiVersion"]
@@ -179,6 +180,7 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
         t = time.monotonic()
         argo.apply([root])
         argo.wait_app(OPERATOR_APP, revision=sha, timeout=300)
+        forget_api_discovery()  # v1alpha1 alone now, and kubectl still knows the earlier test's v1beta1
         argo.wait_app(PIPELINES_APP, revision=sha, timeout=600)
         argo.wait_app(ROOT_APP, revision=sha, timeout=120)  # its last wave Healthy
         log(f"app-of-apps: the operator, then {NAME} Healthy in Argo CD, in {time.monotonic() - t:.0f}s")
@@ -197,6 +199,7 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
                            "values/eopipe.yaml": _values(node_tier)},
                     "eopipe: this tree's chart and images", OPERATOR_APP)
         argo.wait_app(OPERATOR_APP, revision=sha, timeout=300)
+        forget_api_discovery()
         wait(lambda: kubectl("-n", NS, "get", "statefulset", f"{NAME}-dedup", "-o",
                              "jsonpath={.spec.template.spec.containers[0].image}") == node_tier["app"],
              300, "the new operator's image in the dedup StatefulSet")
@@ -273,11 +276,14 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
             load.kill()
         _uninstall(argo)
         delete_topics(NS, NAME, SRC, SINK)
+        # This tree's CRD for the next tests, also when the test stopped before Argo CD upgraded it.
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "charts/eopipe/crds"))
+        forget_api_discovery()
     # What the next test's `helm install` needs: no object of the chart left, the CRD kept.
     left = kubectl("get", "clusterroles,clusterrolebindings,validatingadmissionpolicies,"
                    "validatingadmissionpolicybindings", "-l", "app.kubernetes.io/name=eopipe", "-o", "name").split()
     assert not left, left
-    kubectl("get", "crd", "exactlyoncepipelines.eopipe.dev")
+    kubectl("get", "crd", CRD)
 
 
 def _uninstall(argo: ArgoCD) -> None:
