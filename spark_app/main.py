@@ -341,6 +341,7 @@ def run(cfg: Config) -> int:
     except OSError as e:  # the port taken (another driver on this host): run, unobserved
         log(f"progress not served: {e}")
     query = start_query(spark, cfg)
+    progress.query_started()
     probe(spark, cfg.checkpoint_location, progress)  # once the query has the file system up
     print(f"{RUNNING_LINE} id={query.id} run={query.runId} source={cfg.source_topic} "
           f"sink={cfg.sink.kind}", flush=True)

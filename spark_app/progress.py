@@ -103,6 +103,7 @@ class Progress:
         self._lock = threading.Lock()
         self._doc: dict = {"startedAtMs": started_at_ms}
         self.started_at_ms = started_at_ms
+        self._query_running = False  # until start_query returns: the operator says "starting"
         # Counted from the probe's start: the query's own start may take longer than the bound.
         self._last_ok_ms: int | None = None
         self._error: str | None = None
@@ -111,6 +112,10 @@ class Progress:
         doc = progress_doc(progress, self.started_at_ms)
         with self._lock:
             self._doc = doc
+
+    def query_started(self) -> None:
+        with self._lock:
+            self._query_running = True
 
     def probed(self, now_ms: int, error: str | None) -> None:
         """A probe's answer: None when the store answered."""
@@ -127,7 +132,8 @@ class Progress:
 
     def body(self, now_ms: int) -> bytes:
         with self._lock:
-            return json.dumps({**self._doc, **unreachable(self._last_ok_ms, self._error, now_ms)}).encode()
+            return json.dumps({**self._doc, "queryRunning": self._query_running,
+                               **unreachable(self._last_ok_ms, self._error, now_ms)}).encode()
 
 
 def _first_line(e: Exception) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eopipe.core.names import LABEL_SPARK_SPEC
 from localenv import REPO_ROOT
 from localenv.argocd import NAMESPACE, ArgoCD, ArgoCDDaemon
 from localenv.node.__main__ import KUBECONFIG, forget_api_discovery, kubectl_argv
@@ -82,12 +83,14 @@ def _resource(app: dict, kind: str, name: str) -> dict:
 def _health_until(argo: ArgoCD, want: str, timeout: float, what: str, via: tuple[str, ...] = ()) -> tuple[list, dict]:
     """The pipeline's health in its Application, polled until `want` once each of `via` was seen
     (in order); returns the statuses seen (repeats dropped) and the last health."""
-    seen, deadline, left = [], time.monotonic() + timeout, list(via)
+    seen, deadline, left, said = [], time.monotonic() + timeout, list(via), None
     while True:
         h = _resource(argo.app(PIPELINES_APP), "ExactlyOncePipeline", NAME).get("health") or {}
         status = h.get("status")
         if status and (not seen or seen[-1] != status):
             seen.append(status)
+        if status and said != (status, h.get("message")):
+            said = (status, h.get("message"))
             log(f"Argo CD: {NAME} {status}: {h.get('message', '')[:200]}")
         if left and status == left[0]:
             left.pop(0)
@@ -95,6 +98,16 @@ def _health_until(argo: ArgoCD, want: str, timeout: float, what: str, via: tuple
             return seen, h
         assert time.monotonic() < deadline, f"{what}: health {seen} after {timeout:.0f}s, not {want} via {via}"
         time.sleep(0.5)
+
+
+def _this_specs_query_runs() -> bool:
+    """The driver pod is of the SparkApplication's spec as it is now (its digest label) and says
+    its streaming query runs."""
+    app = kubectl_json("-n", NS, "get", "sparkapplication", f"{NAME}-spark")
+    pod = json.loads(kubectl("-n", NS, "get", "pod", f"{NAME}-spark-driver", "-o", "json", check=False) or "{}")
+    label = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_SPARK_SPEC)
+    return (label == app["spec"]["driver"]["labels"][LABEL_SPARK_SPEC]
+            and driver_says(NS, f"{NAME}-spark", "streaming query running"))
 
 
 def _in_sync_after_a_hard_refresh(argo: ArgoCD) -> None:
@@ -235,7 +248,10 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
         doc["spec"]["processing"]["sql"] = SQL_V2
         _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: one more column", PIPELINES_APP)
         seen, _ = _health_until(argo, "Healthy", 600, "the SQL change", via=("Progressing",))
-        wait(lambda: _sink_has("rev"), 600, "the new SQL's column in the sink", interval=5)
+        # Healthy once the changed query runs: the new driver has started it (its log line follows
+        # the word in its /progress by a moment), not while the old driver or a starting one runs.
+        wait(_this_specs_query_runs, 30, "the changed query running when Argo CD says Healthy")
+        wait(lambda: _sink_has("rev"), 300, "the new SQL's column in the sink", interval=5)
         log(f"SQL change in Argo CD: {' -> '.join(seen)}")
 
         # A change the operator cannot apply: Degraded with its reason; reverted: Healthy.

@@ -47,6 +47,12 @@ def test_the_drivers_document_is_what_the_operator_reads():
     assert driver.PORT == SPARK_PROGRESS_PORT and driver.PATH == SPARK_PROGRESS_PATH
 
 
+def test_query_running_is_strict_and_absent_from_an_earlier_images_driver():
+    assert progress_from_body(json.dumps({"startedAtMs": T0}).encode()).query_running is True
+    with pytest.raises(ValueError):
+        progress_from_body(json.dumps({"startedAtMs": T0, "queryRunning": "yes"}).encode())
+
+
 @pytest.mark.parametrize("change, expect", [
     ({"endOffset": json.dumps({TOPIC: {"0": 5}})}, {TOPIC: {0: 5}}),    # a JSON text (older Spark)
     ({"endOffset": "not json"}, {}),                                     # another source's offset
@@ -89,9 +95,11 @@ def test_the_driver_answers_get_progress_only(served):
     prog, base = served
     p, err = read_progress(base + "/progress")
     assert err is None and p.batch_id is None and p.started_at_ms == T0  # before the first batch
+    assert p.query_running is False  # until start_query returned
+    prog.query_started()
     prog.update(SPARK_JSON)
     p, err = read_progress(base + "/progress")
-    assert err is None and p.batch_id == 7
+    assert err is None and p.batch_id == 7 and p.query_running is True
     for path in ("/", "/progress/", "/progress?x=1", "/metrics"):
         p, err = read_progress(base + path)
         assert p is None and "404" in err, path
@@ -252,6 +260,8 @@ NEWS = [
     ("store up, nothing said", UP, "Running", False),
     ("stuck is another pass's business", UP, "SparkStuck", False),
     ("no answer from the driver: no news", None, "Running", False),
+    ("the query now running, status says starting", UP, "SparkStarting", True),
+    ("the query still starting", SparkProgress(started_at_ms=T0, query_running=False), "SparkStarting", False),
 ]
 
 
@@ -259,7 +269,7 @@ NEWS = [
 def test_a_look_between_resyncs_starts_a_pass_only_on_news(case, progress, reason, news):
     conditions = [{"type": "DedupReady", "reason": "CheckpointUnreachable"},  # another stage's: not read
                   {"type": PROCESSING, "status": str(reason == "Running"), "reason": reason}]
-    assert stage_progress.checkpoint_news(progress, conditions) is news
+    assert stage_progress.progress_news(progress, conditions) is news
 
 
 def _pod(phase, ip, created):

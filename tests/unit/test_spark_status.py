@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from eopipe.control.sparkstatus import (CONFIG_EXIT, INCOMPATIBLE, DriverExit, driver_exits, judge, kept_stall,
-                                       stall_key, stall_record)
+from eopipe.control.sparkstatus import (CONFIG_EXIT, DRIVER_START_GRACE_S, INCOMPATIBLE, DriverExit, driver_exits,
+                                       judge, kept_stall, query_starting, stall_key, stall_record)
 from eopipe.control.status import summarize
 from eopipe.core.names import LABEL_SPARK_SPEC
 
@@ -169,3 +169,24 @@ def test_the_record_is_the_stall_and_none_without_one():
     c = judge(app("FAILED", STAND_IN_2)).stalled
     assert kept_stall(stall_record(c, KEY), KEY) == c
     assert stall_key("u", SPEC) != stall_key("u", OLD) and stall_key("u", SPEC) != stall_key("v", SPEC)
+
+
+# The application RUNNING: (the running driver's spec label, its query running per /progress
+# (None: no answer), the pod's age) -> SparkStarting's message, or None (ready as its state says)
+STARTING = [
+    ("a driver of the previous spec", OLD, True, 900, "previous spec.processing still runs"),
+    ("this spec's driver, its query starting", SPEC, False, 30, "its streaming query is starting"),
+    ("this spec's driver, not answering yet", SPEC, None, 30, "the Spark driver is starting"),
+    ("this spec's driver silent past the grace", SPEC, None, DRIVER_START_GRACE_S + 1, None),
+    ("this spec's query running", SPEC, True, 30, None),
+    ("a pod without the label (an earlier operator's)", "", True, 30, None),
+]
+
+
+@pytest.mark.parametrize("case, label, running, age, says", STARTING, ids=[c[0] for c in STARTING])
+def test_running_is_ready_once_this_specs_query_runs(case, label, running, age, says):
+    c = query_starting(label, SPEC, running, age, "ConnectionRefusedError: refused")
+    if says is None:
+        assert c is None
+    else:
+        assert (c.type, c.status, c.reason) == ("ProcessingReady", False, "SparkStarting") and says in c.message

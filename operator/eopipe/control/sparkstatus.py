@@ -59,6 +59,10 @@ _OPERATOR_WORDS = re.compile(r"^driver container failed with ExitCode: -?\d+, Re
 _MAX_MESSAGE = 1500
 CHECKPOINT_REFUSED = "checkpoint refused:"  # spark_app/upgrade.py starts its reason so
 INCOMPATIBLE = "CheckpointIncompatible"
+STARTING = "SparkStarting"
+# A driver whose /progress has not answered this long after its pod started is no longer
+# "starting": it is reported in status.processing.error, and readiness stays with its state.
+DRIVER_START_GRACE_S = 300
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,24 @@ def judge(app: dict | None, drivers: Iterable[DriverExit] = (), kept: Condition 
         return verdict
     return Verdict(verdict.state, Condition("ProcessingReady", False, "SparkFailed", kept.message), kept,
                    recorded=True)
+
+
+def query_starting(driver_spec: str, spec: str, query_running: bool | None, driver_age_s: float,
+                   error: str | None) -> Condition | None:
+    """The application is RUNNING, but is this spec's query at work yet? SparkStarting while the
+    driver of an earlier spec still runs (before the Spark Operator replaces it), while this
+    spec's driver says its query has not started (query_running False), or while it has not
+    answered (None) for less than DRIVER_START_GRACE_S since its pod started. None: no objection.
+    driver_spec: the running driver pod's LABEL_SPARK_SPEC ("" when it has none)."""
+    if driver_spec and driver_spec != spec:
+        why = "the driver of the previous spec.processing still runs; the Spark Operator replaces it"
+    elif query_running is False:
+        why = "the Spark driver runs; its streaming query is starting"
+    elif query_running is None and driver_age_s < DRIVER_START_GRACE_S:
+        why = f"the Spark driver is starting (its progress: {error or 'no answer'})"
+    else:
+        return None
+    return Condition("ProcessingReady", False, STARTING, why)
 
 
 def _judge(app: dict | None, drivers: Iterable[DriverExit]) -> Verdict:

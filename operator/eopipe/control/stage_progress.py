@@ -13,9 +13,10 @@ from prometheus_client import Gauge
 
 from eopipe.control.passctx import Pass
 from eopipe.control.sparkstage import driver_selector
+from eopipe.control.sparkstatus import STARTING, query_starting
 from eopipe.control.status import PROCESSING, UNREACHABLE, Condition, spark_processing
 from eopipe.core.durations import duration_ms
-from eopipe.core.names import SPARK_PROGRESS_PATH, SPARK_PROGRESS_PORT, spark_app
+from eopipe.core.names import LABEL_SPARK_SPEC, SPARK_PROGRESS_PATH, SPARK_PROGRESS_PORT, spark_app
 from eopipe.core.sparkprogress import read_progress
 
 _LABELS = ["namespace", "name"]
@@ -50,27 +51,31 @@ def driver_url(drivers) -> str | None:
 
 
 # Between resyncs (a minute apart), a running stage's driver is looked at this often: one pod
-# list and one GET /progress, no write; a pass follows only when its word on the checkpoint's
-# store differs from status (CheckpointUnreachable comes and goes within seconds).
+# list and one GET /progress, no write; a pass follows only when its word differs from status:
+# on the checkpoint's store (CheckpointUnreachable comes and goes within seconds), or a query
+# now running that status still calls starting.
 LOOK_SECONDS = 10.0
 
 
-def checkpoint_news(progress, conditions: list[dict]) -> bool:
-    """Whether the driver's progress and status disagree on the checkpoint's store: unreachable
-    by the one, not said by ProcessingReady, or the other way round. No progress: no news."""
+def progress_news(progress, conditions: list[dict]) -> bool:
+    """Whether the driver's progress and status disagree: the checkpoint's store unreachable by
+    the one, not said by ProcessingReady, or the other way round; or the query running while
+    ProcessingReady says SparkStarting. No progress: no news."""
     if progress is None:
         return False
-    said = any(c.get("type") == PROCESSING and c.get("reason") == UNREACHABLE for c in conditions)
-    return (progress.checkpoint_unreachable_since_ms is not None) != said
+    reason = next((c.get("reason") for c in conditions if c.get("type") == PROCESSING), None)
+    if progress.query_running and reason == STARTING:
+        return True
+    return (progress.checkpoint_unreachable_since_ms is not None) != (reason == UNREACHABLE)
 
 
 def look(core, body) -> bool:
-    """checkpoint_news of a pipeline whose Spark application runs, read now (LOOK_SECONDS)."""
+    """progress_news of a pipeline whose Spark application runs, read now (LOOK_SECONDS)."""
     meta, st = body["metadata"], body.get("status") or {}
     drivers = core.list_namespaced_pod(meta["namespace"],
                                        label_selector=driver_selector(spark_app(meta["name"]))).items
     url = driver_url(drivers)
-    return url is not None and checkpoint_news(read_progress(url)[0], st.get("conditions") or [])
+    return url is not None and progress_news(read_progress(url)[0], st.get("conditions") or [])
 
 
 def trigger_ms(trigger: str) -> int | None:
@@ -80,8 +85,9 @@ def trigger_ms(trigger: str) -> int | None:
         return None  # availableNow: one run, no cadence
 
 
-def observe(p: Pass, drivers, condition: Condition) -> Condition:
-    """status.processing of the running stage; the condition `condition`, or SparkStuck."""
+def observe(p: Pass, drivers, condition: Condition, spec: str) -> Condition:
+    """status.processing of the running stage; the condition `condition`, or SparkStuck, or
+    SparkStarting until the running driver is `spec`'s (LABEL_SPARK_SPEC) with its query started."""
     names = p.names
     url = driver_url(drivers)
     progress, error = read_progress(url) if url else (None, "no running driver pod with an IP")
@@ -98,7 +104,16 @@ def observe(p: Pass, drivers, condition: Condition) -> Condition:
         record["error"] = error
     p.out.fields["processing"] = record
     _export(p.meta["namespace"], p.meta["name"], progress, record, trigger)
-    return stuck if stuck is not None and condition.status else condition
+    if not condition.status:
+        return condition
+    pod = running_driver(drivers)
+    if pod is None:  # no driver pod to judge by
+        return stuck or condition
+    started = pod.status.start_time
+    age = time.time() - started.timestamp() if started is not None else 0.0
+    starting = query_starting((pod.metadata.labels or {}).get(LABEL_SPARK_SPEC, ""), spec,
+                              None if progress is None else progress.query_running, age, error)
+    return starting or stuck or condition
 
 
 def _export(namespace: str, name: str, progress, record: dict, trigger: int | None) -> None:

@@ -71,7 +71,7 @@ def run(p: Pass) -> Condition:
     if verdict.resubmit:
         _delete(plane.api, name, ns)
     if verdict.state == "RUNNING" and verdict.stalled is None:  # what the driver says of its query
-        return stage_nodes.driver(p, drivers) or stage_progress.observe(p, drivers, verdict.condition)
+        return stage_nodes.driver(p, drivers) or stage_progress.observe(p, drivers, verdict.condition, digest)
     return verdict.condition
 
 

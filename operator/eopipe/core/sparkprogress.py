@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import http.client
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from pydantic.alias_generators import to_camel
 
 from eopipe.core.wire import get_capped, json_object
@@ -42,6 +42,8 @@ class SparkProgress(BaseModel):
     # Set while the checkpoint's store has not answered the driver's probe (spark_app/progress.py).
     checkpoint_unreachable_since_ms: int | None = Field(None, ge=0)
     checkpoint_error: str | None = Field(None, max_length=1000)
+    # False until the driver's query has started; a driver of an earlier image does not say (True).
+    query_running: StrictBool = True
 
 
 def progress_from_body(body: bytes) -> SparkProgress:
