@@ -16,7 +16,7 @@ import yaml
 from eopipe.core.names import LABEL_SPARK_SPEC
 from localenv import REPO_ROOT
 from localenv.argocd import NAMESPACE, ArgoCD, ArgoCDDaemon
-from localenv.node.__main__ import KUBECONFIG, forget_api_discovery, kubectl_argv
+from localenv.node.__main__ import KUBECONFIG, forget_api_discovery, kill_container, kubectl_argv
 from localenv.node.images import commit_app_image, commit_spark_image, tree_at
 from tests.helpers import nodetier
 from tests.helpers.nodepipes import (
@@ -38,6 +38,7 @@ NS, NAME, SRC, SINK = "pipelines", "payments", "gitops", "gitops-enriched"  # NS
 PIPELINE_FILE = f"pipelines/{NAME}.yaml"
 CRD = "exactlyoncepipelines.eopipe.dev"
 ROOT_APP, OPERATOR_APP, PIPELINES_APP = "eopipe", "eopipe-operator", "eopipe-pipelines"
+POISON = 20  # malformed records, each to the dead-letter topic
 # A stateless change of the payments example's SQL: one more column (keepCheckpoint goes on).
 SQL_V2 = ("SELECT id, account, amount_cents, currency, amount_cents >= 1000000 AS large, 'v2' AS rev "
           "FROM events")
@@ -74,6 +75,16 @@ def _apps_file(repo_url: str) -> str:
         if d["kind"] == "Application":
             d["spec"]["source"]["repoURL"] = repo_url
     return yaml.safe_dump_all(docs, sort_keys=False)
+
+
+def _last_rebalance() -> int:
+    st = kubectl_json("-n", NS, "get", "exactlyoncepipeline", NAME).get("status") or {}
+    return (st.get("lastRebalance") or {}).get("id", -1)
+
+
+def _restarts(pod: str) -> int:
+    st = kubectl_json("-n", NS, "get", "pod", pod)["status"].get("containerStatuses") or [{}]
+    return st[0].get("restartCount", 0)
 
 
 def _resource(app: dict, kind: str, name: str) -> dict:
@@ -152,11 +163,13 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
     - the chart of this tree and its images: Argo CD upgrades the CRD (server-side apply) and the
       operator; the dedup pods roll, a driver of the new Spark image goes on from the checkpoint;
       the v1alpha1 manifest stays in sync against the upgraded CRD;
-    - dedup.replicas 1 -> 2: the pipeline Progressing in Argo CD while partitions move, then Healthy;
+    - dedup.replicas 1 -> 3: the pipeline Progressing in Argo CD while partitions move, then Healthy;
+    - a dedup pod force-deleted, another's container killed under the kubelet; then 3 -> 2;
     - processing.sql with one more column: Progressing, then Healthy, the new column in the sink;
     - a change the operator cannot apply (the dedup claims' size): Degraded with the operator's
       reason and message, the pipeline running on as it was; the commit reverted: Healthy.
-    Then `eopipe verify` of both stages: nothing lost, nothing twice. The pipeline's file removed
+    After the load, 4 -> 6 source partitions; then `eopipe verify` of both stages: nothing lost,
+    nothing twice, each malformed record dead-lettered. The pipeline's file removed
     from git: it stays (prune off for pipelines), OutOfSync and requiring pruning, until a
     person deletes it. Deleting the app-of-apps with Argo CD's cascade removes the operator and
     leaves the CRD."""
@@ -202,6 +215,11 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
              f"{NAME}'s streaming query running")
         _in_sync_after_a_hard_refresh(argo)
 
+        # The malformed records first (a load stopped early would send only some), then the load
+        # that runs through every change below.
+        poison = nodetier.eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", SRC, "--count", "0", "--poison",
+                                 str(POISON), "--seed", "34", "--quiet", "--json")
+        assert poison.returncode == 0, poison.stderr
         load = start_load(SRC, "1000000", "500", "34")
         wait(lambda: _sink_end() > 0, 300, "the load's first records in the sink", interval=3)
 
@@ -235,14 +253,33 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
         log(f"upgraded through git: CRD, operator, dedup pods and driver in {time.monotonic() - t:.0f}s")
         _in_sync_after_a_hard_refresh(argo)
 
-        # dedup.replicas 1 -> 2: Progressing while partitions move, then Healthy.
-        before = (kubectl_json("-n", NS, "get", "exactlyoncepipeline", NAME)["status"].get("lastRebalance")
-                  or {}).get("id", -1)
+        # dedup.replicas 1 -> 3: Progressing while partitions move, then Healthy.
+        before = _last_rebalance()
+        doc["spec"]["dedup"]["replicas"] = 3
+        _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: 3 dedup pods", PIPELINES_APP)
+        seen, _ = _health_until(argo, "Healthy", 300, "replicas 1 -> 3", via=("Progressing",))
+        wait(lambda: settled(NS, NAME, before), 120, f"{NAME} settled after its rebalance")
+        log(f"replicas 1 -> 3 in Argo CD: {' -> '.join(seen)}")
+
+        # Pod faults under the load: one dedup pod force-deleted, another's container killed
+        # under the kubelet; Argo CD has nothing to sync (the pods are the StatefulSet's).
+        kubectl("-n", NS, "delete", "pod", f"{NAME}-dedup-0", "--grace-period=0", "--force")
+        log(f"deleted pod {NAME}-dedup-0 (--grace-period=0 --force)")
+        time.sleep(4)
+        log(f"killed the container of {NAME}-dedup-1 under the kubelet: {kill_container(NS, f'{NAME}-dedup-1')[:12]}")
+        t = time.monotonic()
+        wait(lambda: _restarts(f"{NAME}-dedup-1") >= 1 and kubectl_json("-n", NS, "get", "statefulset", f"{NAME}-dedup")
+             ["status"].get("readyReplicas") == 3 and settled(NS, NAME) and _this_specs_query_runs(), 400,
+             "the pods back, the query running, the pipeline Ready")
+        _health_until(argo, "Healthy", 120, "after the pod faults")
+        log(f"pod faults: all back and Healthy in {time.monotonic() - t:.0f}s")
+
+        # dedup.replicas 3 -> 2: settled after a rebalance newer than the last.
+        before = _last_rebalance()
         doc["spec"]["dedup"]["replicas"] = 2
         _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: 2 dedup pods", PIPELINES_APP)
-        seen, _ = _health_until(argo, "Healthy", 300, "replicas 1 -> 2", via=("Progressing",))
-        wait(lambda: settled(NS, NAME, before), 120, f"{NAME} settled after its rebalance")
-        log(f"replicas 1 -> 2 in Argo CD: {' -> '.join(seen)}")
+        wait(lambda: settled(NS, NAME, before), 300, f"{NAME} settled after 3 -> 2")
+        _health_until(argo, "Healthy", 120, "replicas 3 -> 2")
 
         # A stateless SQL change: Progressing, then Healthy, the new column in the sink.
         doc["spec"]["processing"]["sql"] = SQL_V2
@@ -275,8 +312,16 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
         sent = json.loads(out)
         load = None
         log(f"load: {sent}")
+        # Source partitions 4 -> 6, after the load.
+        before = _last_rebalance()
+        doc["spec"]["source"]["partitions"] = 6
+        _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: 6 source partitions", PIPELINES_APP)
+        wait(lambda: settled(NS, NAME, before), 300, f"{NAME} settled after 4 -> 6 partitions")
+        _health_until(argo, "Healthy", 120, "4 -> 6 partitions")
+        log(f"kubectl get pods -A -o wide\n{kubectl('get', 'pods', '-A', '-o', 'wide')}")
         rep = verify_both_stages(NS, NAME, SRC, SINK)["dedup stage"]
         assert rep["unique_in"] == sent["unique"], rep
+        assert rep["malformed_in"] == rep["dead_lettered"] == POISON, rep
 
         # Prune is off for pipelines: removed from git, it stays until a person deletes it.
         sha = _push(argo, {PIPELINE_FILE: None}, f"{NAME} leaves git", PIPELINES_APP)

@@ -121,36 +121,14 @@ def test_pod_from_the_project_image_runs_on_the_kubelet(node_tier):
     assert node_tier["shim_sockets"], "no shim socket found for the running pod"
 
 
-def _restarts(ns: str, pod: str) -> int:
-    st = kubectl_json("-n", ns, "get", "pod", pod)["status"].get("containerStatuses") or [{}]
-    return st[0].get("restartCount", 0)
-
-
-def _ready_pods(ns: str, name: str) -> int:
-    return kubectl_json("-n", ns, "get", "statefulset", f"{name}-dedup")["status"].get("readyReplicas", 0)
-
-
-def _last_rebalance(ns: str, name: str) -> int:
-    st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}
-    return (st.get("lastRebalance") or {}).get("id", -1)
-
-
-def _rescale(ns: str, name: str, change: list[str], what: str) -> None:
-    before = _last_rebalance(ns, name)
-    kubectl("-n", ns, *change)
-    t = time.monotonic()
-    wait(lambda: settled(ns, name, before), 300, f"{name} settled after {what}")
-    log(f"{what}: settled in {time.monotonic() - t:.0f}s")
-
-
 def test_install_doc_helm_path_in_restricted_namespaces(node_tier):
     """docs/install.md's Helm section, every command in the doc's order: namespaces that enforce
     the restricted Pod Security Standard, helm install, a first pipeline (examples/minimal.yaml),
     the upgrade, the uninstall. `<registry>` is the tier's: its images, built from the
     Dockerfile's targets, also carry the chart's default tag, as the doc's `docker build -t`
     gives. Between the blocks: a privileged pod is refused in the watched namespace, the
-    operator reconciles as its ServiceAccount with nothing refused, and the pipeline
-    deduplicates a load exactly once."""
+    operator reconciles as its ServiceAccount with nothing refused, the pipeline deduplicates a
+    load exactly once, and `eopipe render` prints what the chart's operator applied."""
     install, first, upgrade, uninstall = sh_blocks("install.md", "## Helm")
     version = yaml.safe_load((REPO_ROOT / "charts" / "eopipe" / "Chart.yaml").read_text())["appVersion"]
     for role, repo in (("app", "localhost/eopipe"), ("spark", "localhost/eopipe-spark")):
@@ -193,6 +171,9 @@ def test_install_doc_helm_path_in_restricted_namespaces(node_tier):
     metrics = nodetier.python(f"import urllib.request; print(urllib.request.urlopen('http://{ip}:9090/metrics', "
                               "timeout=10).read().decode())")
     assert f'eopipe_operator_pipeline_ready{{name="{name}",namespace="{ns}"}} 1.0' in metrics
+    _render_is_what_the_chart_applied(ns, REPO_ROOT / "examples" / "minimal.yaml",
+                                      {role: f"localhost/{repo}:{version}"
+                                       for role, repo in (("app", "eopipe"), ("spark", "eopipe-spark"))})
     run(upgrade)
     kubectl("-n", "eopipe-system", "rollout", "status", "deployment/eopipe", "--timeout=180s")
     wait(lambda: settled(ns, name), 180, "the pipeline Ready after the upgrade")
@@ -204,82 +185,6 @@ def test_install_doc_helm_path_in_restricted_namespaces(node_tier):
                     f"[f.result(30) for f in a.delete_topics(['events', '{ns}.{name}.deduped', '{ns}.{name}.dlq'])"
                     ".values()]")
     wait(lambda: "events" not in topics(), 60, "the topics deleted")
-
-
-def test_pipeline_exactly_once_on_the_kubelet(node_tier, tmp_path):
-    """As a user installs and runs it: `helm install` of charts/eopipe, `kubectl apply` of
-    examples/payments.yaml (its Kafka is kafka.kafka.svc; its source, sink and replicas set for
-    this node): dedup pods on the kubelet with claims from the provisioner, scaled 1 -> 2, and
-    its Spark stage through the Spark Operator. Under duplicated load: a dedup pod
-    force-deleted, a container killed under the kubelet; then 2 -> 3 -> 2 pods, 4 -> 6 source
-    partitions, and `eopipe verify` of both stages: nothing lost, nothing twice. A second
-    pipeline (Delete) checks deletion and that `eopipe render` is what the chart's operator
-    applies. (The operator upgraded under load from an earlier commit's chart, images and
-    v1alpha1 manifest: test_gitops.py, through Argo CD.)"""
-    t = time.monotonic()
-    install_operator(node_tier)
-    log(f"helm install: operator available in {time.monotonic() - t:.0f}s")
-    ns, name, sink = "default", "payments", "events-enriched"
-    doc = yaml.safe_load((REPO_ROOT / "examples" / "payments.yaml").read_text())
-    doc["spec"]["source"].update(topic="events", partitions=4)
-    doc["spec"]["dedup"]["replicas"] = 1
-    doc["spec"]["sink"]["kafka"] = {"topic": sink, "partitions": 4}
-    kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(doc))
-    t = time.monotonic()
-    wait(lambda: settled(ns, name) and driver_says(ns, f"{name}-spark", "streaming query running"), 400,
-         "the pipeline Ready, its streaming query running")
-    log(f"{name} Ready, its query running in {time.monotonic() - t:.0f}s")
-    _rescale(ns, name, ["scale", "exactlyoncepipeline", name, "--replicas=2"], "scale 1 -> 2")
-
-    # The malformed records first (a load stopped early would send only some), then a load that
-    # runs until the pod faults below are done (SIGTERM: it stops, flushes, reports).
-    poison = eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", "events", "--count", "0", "--poison", "20",
-                    "--seed", "14", "--quiet", "--json")
-    assert poison.returncode == 0, poison.stderr
-    load = start_load("events", "1000000", "800", "14")
-    time.sleep(5)
-    kubectl("-n", ns, "delete", "pod", f"{name}-dedup-0", "--grace-period=0", "--force")
-    log(f"deleted pod {name}-dedup-0 (--grace-period=0 --force)")
-    time.sleep(4)
-    log(f"killed the container of {name}-dedup-1 under the kubelet: {kill_container(ns, f'{name}-dedup-1')[:12]}")
-    wait(lambda: _restarts(ns, f"{name}-dedup-1") >= 1 and _ready_pods(ns, name) == 2 and settled(ns, name)
-         and driver_says(ns, f"{name}-spark", "streaming query running"), 400,
-         "both pods back, the driver running the query, the pipeline Ready")
-    log("both pods back, the driver's query running, pipeline Ready")
-    assert load.poll() is None, "the load ended before the faults did: raise its count"
-    load.terminate()
-    out, err = load.communicate(timeout=300)
-    assert load.returncode == 0, err
-    sent = json.loads(out)
-    log(f"load: {sent}")
-    _rescale(ns, name, ["scale", "exactlyoncepipeline", name, "--replicas=3"], "scale 2 -> 3")
-    _rescale(ns, name, ["scale", "exactlyoncepipeline", name, "--replicas=2"], "scale 3 -> 2")
-    _rescale(ns, name, ["patch", "exactlyoncepipeline", name, "--type=merge",
-                        "-p", '{"spec": {"source": {"partitions": 6}}}'], "source partitions 4 -> 6")
-
-    log(f"kubectl get pods -A -o wide\n{kubectl('get', 'pods', '-A', '-o', 'wide')}")
-    rep = verify_both_stages(ns, name, "events", sink)["dedup stage"]
-    # The load spanned the faults (asserted above); 5 s of it at least, however quick they were.
-    assert rep["unique_in"] == sent["unique"] > 2800, rep
-    assert rep["malformed_in"] == rep["dead_lettered"] == 20, rep
-
-    # Deletion: Retain (the default) keeps the topics; Delete removes the ones it created, never
-    # the adopted source.
-    delete_spark_pipeline(ns, name)
-    assert {"events", f"{ns}.{name}.deduped", f"{ns}.{name}.dlq", sink} <= topics()
-    name = "minimal"
-    kubectl("create", "namespace", "team-b")
-    doc = yaml.safe_load((REPO_ROOT / "examples" / "minimal.yaml").read_text())
-    doc["spec"].update(deletionPolicy="Delete", source={"topic": "events", "partitions": 6})
-    team_b = tmp_path / "team-b.yaml"
-    team_b.write_text(yaml.safe_dump(doc))
-    kubectl("-n", "team-b", "apply", "-f", str(team_b))
-    wait(lambda: settled("team-b", name), 180, "team-b's pipeline Ready")
-    _render_is_what_the_chart_applied("team-b", team_b, node_tier)
-    assert {f"team-b.{name}.deduped", f"team-b.{name}.dlq"} <= topics()
-    kubectl("-n", "team-b", "delete", "exactlyoncepipeline", name, "--timeout=120s")
-    left = topics()
-    assert "events" in left and not {f"team-b.{name}.deduped", f"team-b.{name}.dlq"} & left, left
 
 
 def _render_is_what_the_chart_applied(ns: str, manifest: Path, images: dict) -> None:
@@ -649,10 +554,12 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         app = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
         driver_uid = kubectl_json("-n", ns, "get", "pod", f"{app_name}-driver")["metadata"]["uid"]
 
-        load = subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", src,
-                                        "--count", "42000", "--rate", "600", "--dup-ratio", "0.3",
-                                        "--poison", "10", "--seed", "28", "--quiet", "--json"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # The malformed records first (the load below is stopped while paused, so would send only
+        # some of its own), then the load.
+        poison = eopipe("load", "--bootstrap", BOOTSTRAP, "--topic", src, "--count", "0", "--poison", "10",
+                        "--seed", "28", "--quiet", "--json")
+        assert poison.returncode == 0, poison.stderr
+        load = start_load(src, "42000", "600", "28")
         time.sleep(6)
         old = _operator_pods()
         kubectl("-n", "eopipe-system", "delete", "pods", *sorted(old), "--wait=false")
@@ -688,13 +595,15 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         # "stopping ..." until the next resync says "stopped ...": both name the kept claim.
         assert processing["reason"] == "Paused" and claim in processing["message"], processing
         log(f"paused in {time.monotonic() - t:.0f}s: {processing['message']}")
+        held = _sink_end(sink)
+        time.sleep(10)  # a driver left running would write the paused load's records by now
+        assert _sink_end(sink) == held, "the sink grew while paused"
+        assert load.poll() is None, "the load ended before the sink was seen still while paused"
+        load.terminate()
         out, err = load.communicate(timeout=300)
         assert load.returncode == 0, err
         sent = json.loads(out)
         log(f"load: {sent}")
-        held = _sink_end(sink)
-        time.sleep(10)  # a driver left running would write the paused load's records by now
-        assert _sink_end(sink) == held, "the sink grew while paused"
         pvc = kubectl_json("-n", ns, "get", "pvc", claim)
         pv = kubectl_json("get", "pv", pvc["spec"]["volumeName"])["spec"]
         checkpoint = Path((pv.get("hostPath") or pv["local"])["path"]) / "checkpoints" / name
@@ -1093,11 +1002,11 @@ def _listener_connections() -> list[str]:
 
 
 def _install_operator_if_absent(node_tier) -> None:
-    """The operator as test_pipeline_exactly_once_on_the_kubelet installs it, when a test runs without it."""
+    """The operator as tests.helpers.nodepipes.install_operator installs it, if no earlier test left it."""
     if kubectl("-n", "eopipe-system", "get", "deployment", "eopipe", "-o", "name", check=False).strip():
         return
     install_operator(node_tier)
-    log("installed the operator (helm install, as test_pipeline_exactly_once_on_the_kubelet)")
+    log("installed the operator (helm install)")
 
 
 def _status_line(r: dict) -> str:

@@ -32,8 +32,8 @@ def helm_bin() -> str:
 
 
 # The last commit whose operator and CRD know only v1alpha1 (fdf4142 added v1beta1 and stores
-# it): the upgrade tests (test_node_tier.py's with Helm, test_gitops.py's through Argo CD) start
-# from its chart, images and examples/payments.yaml. There is no release yet; when there is, pin
+# it): the upgrade test (test_gitops.py's, through Argo CD) starts from its chart, images and
+# examples/payments.yaml. There is no release yet; when there is, pin
 # the previous CHANGELOG entry's commit here instead.
 PREVIOUS = "ebd4bedf8db71f1e23992e9ee3983f6e4df8417c"
 
