@@ -675,14 +675,16 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         apply()
         wait(lambda: any("amount_cents" in k for k in _sink_forms(sink)), 600, "B's records in the sink", interval=5)
         log(f"after A -> B: {_sink_forms(sink)}")
-        s3_checkpoint_commits = s3_keys(object_store, f"{name}/checkpoint/commits/")
-        assert s3_checkpoint_commits, "no commit of the checkpoint in the object store"
+        batch = _last_commit(object_store, f"{name}/checkpoint/commits/")
+        assert batch >= 0, "no commit of the checkpoint in the object store"
 
         # Under the load, on the s3a:// checkpoint: the driver's container killed (the Spark
         # Operator's retry resumes from the checkpoint in the store), then the store down.
         _kill_driver(ns, name)
         _object_store_outage(ns, name, sink)
-        assert len(s3_keys(object_store, f"{name}/checkpoint/commits/")) > len(s3_checkpoint_commits)
+        # The sink moves when a batch's output commits; its commit file follows when the batch ends.
+        wait(lambda: _last_commit(object_store, f"{name}/checkpoint/commits/") > batch, 300,
+             f"a batch after {batch} committed in the checkpoint in the store", interval=5)
 
         # A stateful change, keepCheckpoint: refused, Stalled naming fromSink, nothing written.
         proc.update(sql=FORMS["c"], outputMode="update")
@@ -738,6 +740,13 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         delete_spark_pipeline(ns, name, check=False)
         delete_topics(origin, name, src, sink)
         kubectl("delete", "namespace", origin, restored_ns, "--wait=false", "--ignore-not-found", check=False)
+
+
+def _last_commit(store, prefix: str) -> int:
+    """The newest batch id committed in the checkpoint in the object store (by its commits/ file
+    names; Spark deletes all but the last 100, so their count stops growing), or -1."""
+    ids = [int(k.rsplit("/", 1)[1]) for k in s3_keys(store, prefix) if k.rsplit("/", 1)[1].isdigit()]
+    return max(ids, default=-1)
 
 
 OUTAGE_S = 30
