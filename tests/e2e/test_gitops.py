@@ -77,9 +77,16 @@ def _apps_file(repo_url: str) -> str:
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 
-def _last_rebalance() -> int:
+def _rebalanced_by_commit(argo: ArgoCD, pipeline: str, what: str, via: tuple[str, ...] = ()) -> list:
+    """The pipeline's file committed; Healthy in Argo CD once each of `via` was seen, settled
+    after a rebalance newer than the last, and Healthy then; the health statuses seen first."""
     st = kubectl_json("-n", NS, "get", "exactlyoncepipeline", NAME).get("status") or {}
-    return (st.get("lastRebalance") or {}).get("id", -1)
+    before = (st.get("lastRebalance") or {}).get("id", -1)
+    _push(argo, {PIPELINE_FILE: pipeline}, f"{NAME}: {what}", PIPELINES_APP)
+    seen = _health_until(argo, "Healthy", 300, what, via=via)[0] if via else []
+    wait(lambda: settled(NS, NAME, before), 300, f"{NAME} settled after {what}")
+    _health_until(argo, "Healthy", 120, what)
+    return seen
 
 
 def _restarts(pod: str) -> int:
@@ -254,11 +261,8 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
         _in_sync_after_a_hard_refresh(argo)
 
         # dedup.replicas 1 -> 3: Progressing while partitions move, then Healthy.
-        before = _last_rebalance()
         doc["spec"]["dedup"]["replicas"] = 3
-        _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: 3 dedup pods", PIPELINES_APP)
-        seen, _ = _health_until(argo, "Healthy", 300, "replicas 1 -> 3", via=("Progressing",))
-        wait(lambda: settled(NS, NAME, before), 120, f"{NAME} settled after its rebalance")
+        seen = _rebalanced_by_commit(argo, pipeline_file(), "replicas 1 -> 3", via=("Progressing",))
         log(f"replicas 1 -> 3 in Argo CD: {' -> '.join(seen)}")
 
         # Pod faults under the load: one dedup pod force-deleted, another's container killed
@@ -274,12 +278,8 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
         _health_until(argo, "Healthy", 120, "after the pod faults")
         log(f"pod faults: all back and Healthy in {time.monotonic() - t:.0f}s")
 
-        # dedup.replicas 3 -> 2: settled after a rebalance newer than the last.
-        before = _last_rebalance()
         doc["spec"]["dedup"]["replicas"] = 2
-        _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: 2 dedup pods", PIPELINES_APP)
-        wait(lambda: settled(NS, NAME, before), 300, f"{NAME} settled after 3 -> 2")
-        _health_until(argo, "Healthy", 120, "replicas 3 -> 2")
+        _rebalanced_by_commit(argo, pipeline_file(), "replicas 3 -> 2")
 
         # A stateless SQL change: Progressing, then Healthy, the new column in the sink.
         doc["spec"]["processing"]["sql"] = SQL_V2
@@ -313,11 +313,8 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
         load = None
         log(f"load: {sent}")
         # Source partitions 4 -> 6, after the load.
-        before = _last_rebalance()
         doc["spec"]["source"]["partitions"] = 6
-        _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: 6 source partitions", PIPELINES_APP)
-        wait(lambda: settled(NS, NAME, before), 300, f"{NAME} settled after 4 -> 6 partitions")
-        _health_until(argo, "Healthy", 120, "4 -> 6 partitions")
+        _rebalanced_by_commit(argo, pipeline_file(), "source partitions 4 -> 6")
         log(f"kubectl get pods -A -o wide\n{kubectl('get', 'pods', '-A', '-o', 'wide')}")
         rep = verify_both_stages(NS, NAME, SRC, SINK)["dedup stage"]
         assert rep["unique_in"] == sent["unique"], rep
