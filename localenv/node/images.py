@@ -43,7 +43,7 @@ HOST_JAVA_TRUST = Path("/etc/ssl/certs/java/cacerts")
 BUILD_JAVA_TRUST = "/run/eopipe-build/cacerts"
 SPARK_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "spark_app", "hack/lib.sh",
                 "hack/fetch-spark-jars.sh", "hack/fetch-hadoop-aws.sh", "hack/spark-version.sh", "hack/spark/pom.xml",
-                "hack/spark/hadoop-aws-pom.xml", "hack/spark/entrypoint.sh")
+                "hack/spark/hadoop-aws-pom.xml", "hack/spark/entrypoint.sh", "hack/spark/cds-train.py")
 ADDONS = ("coredns", "local-path-provisioner", "kube-network-policies")
 SPARK_OPERATOR_BIN = "/usr/bin/spark-operator"
 
@@ -241,7 +241,7 @@ def commit_app_image(commit: str) -> tuple[str, Path]:
 # What the Spark image holds besides spark_app: Spark and its jars (the pyspark pin, the Maven
 # poms and the scripts that run them), Java and the entrypoint (the Dockerfile).
 SPARK_RUNTIME = ("Dockerfile", "hack/lib.sh", "hack/fetch-spark-jars.sh", "hack/fetch-hadoop-aws.sh",
-                 "hack/spark/pom.xml", "hack/spark/hadoop-aws-pom.xml", "hack/spark/entrypoint.sh")
+                 "hack/spark/pom.xml", "hack/spark/hadoop-aws-pom.xml", "hack/spark/entrypoint.sh", "hack/spark/cds-train.py")
 _PYSPARK_PIN = re.compile(r'"pyspark==[^"]+"')
 
 

@@ -302,6 +302,21 @@ def _kill_driver(ns: str, name: str) -> None:
     log(f"driver resubmitted (attempt {before + 1}), its query running again in {time.monotonic() - t:.0f}s")
 
 
+def _jvms_share_classes(ns: str, name: str) -> None:
+    """The driver's and each running executor's JVM map the image's class data sharing archive
+    (hack/spark/entrypoint.sh): it holds for the class path they run with on the node's
+    filesystem, not only the build's."""
+    executors = kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor", "--field-selector=status.phase=Running",
+                        "-o", "jsonpath={.items[*].metadata.name}").split()
+    assert executors, "no executor pod running"
+    for pod in [f"{name}-spark-driver", *executors]:
+        wait(lambda pod=pod: "/maps" in kubectl("-n", ns, "exec", pod, "--", "sh", "-c",
+                                                "grep -l /opt/eopipe/spark.jsa /proc/[0-9]*/maps", check=False),
+             30, f"a JVM of {pod} mapping the archive", interval=2)
+        assert "Unable to use shared archive" not in kubectl("-n", ns, "logs", pod, check=False), pod
+    log(f"the JVMs of {name}-spark-driver and {executors} map the class data sharing archive")
+
+
 @pytest.fixture(scope="module")
 def object_store(node_tier):
     """The SeaweedFS pod, for the tests of this module that back up; deleted after the last (if
@@ -372,6 +387,7 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier, object_store):
     example = yaml.safe_load((REPO_ROOT / "examples" / "file-sink.yaml").read_text())
     secret = s3_secret("clicks-s3", name, object_store)
     _start_spark_example(ns, name, "file-sink.yaml", backup_to(name, "clicks-s3"), first=(secret,))
+    _jvms_share_classes(ns, name)
     pvc = kubectl_json("-n", ns, "get", "pvc", f"{name}-spark-checkpoint")
     assert pvc["status"]["accessModes"] == ["ReadWriteMany"], pvc["status"]
     pv = kubectl_json("get", "pv", pvc["spec"]["volumeName"])["spec"]

@@ -246,3 +246,70 @@ def test_spark_entrypoint_runs_plain_commands(tmp_path):
     res = subprocess.run(["bash", str(script), "echo", "hello"], capture_output=True, text=True,
                          env={"SPARK_HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "SPARK_JAVA_OPT_0": "-Da=1"})
     assert res.returncode == 0 and res.stdout == "hello\n", res.stderr
+
+
+def _entrypoint(tmp_path, *args: str, archive: bool = True, props: str = "") -> dict:
+    """hack/spark/entrypoint.sh with SPARK_HOME's spark-submit and PATH's java replaced by a
+    script that prints what it was run with, jars made in reverse order, the archive optional."""
+    home = tmp_path / "spark"
+    (home / "bin").mkdir(parents=True)
+    (home / "jars").mkdir()
+    for name in ("z.jar", "b.jar", "a.jar"):
+        (home / "jars" / name).write_bytes(b"")
+    show = '#!/bin/bash\nprintf "%s\\n" "$(basename "$0")" "${SPARK_SUBMIT_OPTS:-}" "$@"\n'
+    for tool in (home / "bin" / "spark-submit", tmp_path / "java"):
+        tool.write_text(show)
+        tool.chmod(0o755)
+    jsa = tmp_path / "spark.jsa"
+    if archive:
+        jsa.write_bytes(b"x")
+    (tmp_path / "spark.properties").write_text(props)
+    res = subprocess.run(["bash", str(ROOT / "hack" / "spark" / "entrypoint.sh"), *args], capture_output=True,
+                         text=True, cwd=tmp_path,
+                         env={"SPARK_HOME": str(home), "PATH": f"{tmp_path}:/usr/bin:/bin",
+                              "EOPIPE_SPARK_CDS_ARCHIVE": str(jsa), "SPARK_EXECUTOR_MEMORY": "1g",
+                              "SPARK_DRIVER_URL": "d", "SPARK_EXECUTOR_ID": "1", "SPARK_EXECUTOR_CORES": "1",
+                              "SPARK_APPLICATION_ID": "a", "SPARK_EXECUTOR_POD_IP": "10.0.0.2"})
+    assert res.returncode == 0, res.stderr
+    tool, opts, *argv = res.stdout.splitlines()
+    return {"tool": tool, "opts": opts, "argv": argv, "jars": ":".join(str(home / "jars" / j) for j in
+                                                                       ("a.jar", "b.jar", "z.jar")), "jsa": str(jsa)}
+
+
+@pytest.mark.parametrize("case, archive, props, extra, uses", [
+    ("driver", True, "", (), True),
+    ("driver, no archive", False, "", (), False),
+    # An admin let the pipeline set the class path: the JVM starts without the archive.
+    ("driver, its own class path (properties)", True, "spark.driver.extraClassPath=/x.jar\n", (), False),
+    ("driver, its own class path (--conf)", True, "", ("--conf", "spark.driver.extraClassPath=/x.jar"), False),
+])
+def test_spark_driver_maps_the_archive_with_the_jars_first_in_sorted_order(tmp_path, case, archive, props, extra, uses):
+    """The archive holds for the class path it was made with, as a prefix: the jars one by one,
+    sorted (a wildcard expands in directory order, which differs between filesystems)."""
+    got = _entrypoint(tmp_path, "driver", "--properties-file", str(tmp_path / "spark.properties"), *extra,
+                      "--class", "C", archive=archive, props=props)
+    assert got["tool"] == "spark-submit"
+    assert (f"-XX:SharedArchiveFile={got['jsa']}" in got["opts"]) == uses, got
+    assert (f"spark.driver.extraClassPath={got['jars']}" in got["argv"]) == uses, got
+    assert got["argv"][-2:] == ["--class", "C"] and "--deploy-mode" in got["argv"], got
+
+
+@pytest.mark.parametrize("archive", [True, False])
+def test_spark_executor_maps_the_archive_with_the_jars_in_sorted_order(tmp_path, archive):
+    got = _entrypoint(tmp_path, "executor", archive=archive)
+    argv = got["argv"]
+    assert got["tool"] == "java" and argv[argv.index("-cp") + 1] == got["jars"], got
+    assert (f"-XX:SharedArchiveFile={got['jsa']}" in argv) == archive, got
+
+
+def test_spark_image_makes_the_archive_the_entrypoint_maps(dockerfile):
+    """The spark stage runs the training dump after the jars are in place, at the entrypoint's
+    default archive path (a dump before a jar's COPY would not hold for it)."""
+    _, stages = dockerfile
+    spark = _stage(stages, "spark")
+    ops = [(op, rest) for op, rest in spark.instructions]
+    dump = next(i for i, (op, rest) in enumerate(ops) if op == "RUN" and "entrypoint.sh cds-dump" in rest)
+    jars = next(i for i, (op, rest) in enumerate(ops) if op == "COPY" and "${SPARK_HOME}/jars/" in rest)
+    assert jars < dump, ops
+    script = (ROOT / "hack" / "spark" / "entrypoint.sh").read_text()
+    assert "EOPIPE_SPARK_CDS_ARCHIVE:-/opt/eopipe/spark.jsa}" in script
