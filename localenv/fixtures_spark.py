@@ -4,6 +4,7 @@ Load it with `pytest_plugins = ["localenv.fixtures_spark"]` (next to fixtures_ka
 fixtures_k8s and fixtures_operator). Fixtures:
 
 - spark_jars (session): the Kafka connector jars folder (hack/fetch-spark-jars.sh, cached).
+- spark_cds (session): the class data sharing archive the drivers map (localenv/sparkcds.py).
 - spark_driver: a factory `spark_driver(config: dict, **env) -> SparkDriver` that runs
   `python -m spark_app.main --config FILE` as a local process group (master local[2,4]);
   every driver is killed at teardown. Only one Spark should run at a time on a small machine.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from localenv import REPO_ROOT, daemon
+from localenv import REPO_ROOT, daemon, sparkcds
 from localenv.sparkdriver import RUNNING_LINE, DriverProcess
 
 _DRIVERS_KEY = pytest.StashKey[list]()
@@ -34,12 +35,12 @@ def ensure_spark_jars() -> Path:
 class SparkDriver(DriverProcess):
     """spark_app run as `python -m spark_app.main`, restartable from its checkpoint."""
 
-    def __init__(self, config: dict, workdir: Path, jars: Path, env: dict[str, str]):
+    def __init__(self, config: dict, workdir: Path, jars: Path, env: dict[str, str], cds: Path | None = None):
         self.config = config
         self.config_path = workdir / "spark-config.json"
         self.config_path.write_text(json.dumps(config))
         full_env = {**os.environ, "EOPIPE_SPARK_JARS": str(jars), "PYSPARK_PYTHON": sys.executable,
-                    "SPARK_LOCAL_IP": "127.0.0.1", **env}
+                    "SPARK_LOCAL_IP": "127.0.0.1", **(sparkcds.driver_env(cds) if cds else {}), **env}
         full_env.pop("PYSPARK_GATEWAY_PORT", None)
         super().__init__([sys.executable, "-m", "spark_app.main", "--config", str(self.config_path)],
                          full_env, workdir / "driver.log")
@@ -77,15 +78,20 @@ def spark_jars() -> Path:
     return ensure_spark_jars()
 
 
+@pytest.fixture(scope="session")
+def spark_cds(spark_jars) -> Path:
+    return sparkcds.archive(spark_jars)
+
+
 @pytest.fixture
-def spark_driver(spark_jars, tmp_path, request):
+def spark_driver(spark_jars, spark_cds, tmp_path, request):
     drivers: list[SparkDriver] = []
     request.node.stash[_DRIVERS_KEY] = drivers
 
     def make(config: dict, start: bool = True, **env: str) -> SparkDriver:
         workdir = tmp_path / f"driver{len(drivers)}"
         workdir.mkdir(parents=True, exist_ok=True)
-        d = SparkDriver(config, workdir, spark_jars, env)
+        d = SparkDriver(config, workdir, spark_jars, env, spark_cds)
         drivers.append(d)
         if start:
             d.start()

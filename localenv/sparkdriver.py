@@ -49,6 +49,18 @@ class DriverProcess:
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
+    def maps(self, path: str) -> bool:
+        """Whether a process of this driver's group (its JVM) has the file `path` mapped."""
+        if not self.alive:
+            return False
+        for maps in Path("/proc").glob("[0-9]*/maps"):
+            try:
+                if os.getpgid(int(maps.parent.name)) == self.proc.pid and path in maps.read_text():
+                    return True
+            except (OSError, ProcessLookupError):  # gone meanwhile, or not ours to read
+                continue
+        return False
+
     def query_running(self) -> bool:
         """Whether this run printed spark_app's RUNNING line (read incrementally)."""
         if not self._running_seen and self.log_path.exists():

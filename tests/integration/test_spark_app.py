@@ -301,7 +301,7 @@ def test_sink_aborts_when_killed_before_commit_and_a_retry_fences_the_zombie(kaf
 
 @pytest.mark.kafka
 @pytest.mark.spark
-def test_sql_and_python_transform_to_kafka_exactly_once(kafka_bootstrap, spark_driver, tmp_path):
+def test_sql_and_python_transform_to_kafka_exactly_once(kafka_bootstrap, spark_driver, spark_cds, tmp_path):
     t = Topics(kafka_bootstrap)
     stats = run_load(kafka_bootstrap, t.source, 1500, dup_ratio=0.0, poison=4, seed=21)
     sql = ("SELECT key, id, seq, account, upper(currency) AS currency, amount_cents, "
@@ -309,6 +309,9 @@ def test_sql_and_python_transform_to_kafka_exactly_once(kafka_bootstrap, spark_d
     d = spark_driver(t.config(tmp_path, sql=sql, transform="spark_app.examples:amount_in_major_units"),
                      EOPIPE_PROGRESS_PORT="0")
     d.wait_running()
+    # Its JVM maps the class data sharing archive, as the Spark image's drivers do.
+    assert d.maps(str(spark_cds)), d.tail(20)
+    assert "Unable to use shared archive" not in d.log_text()
     _wait_for_output(kafka_bootstrap, t.sink, stats["unique"], timeout=120)
     rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, order=False, settle=3, timeout=120)
     assert rep.ok and rep.lost == 0 and rep.duplicated == 0, rep.line()
