@@ -24,6 +24,11 @@ RUN groupadd --gid 10001 eopipe \
 FROM python-base AS builder
 # A CA bundle for pip behind a TLS-inspecting proxy (a build argument: never in the image).
 ARG PIP_CERT
+# A C compiler for the project's compiled hot path (Cython, a build requirement from PyPI);
+# Python's headers come with the python image. Only this stage has them.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator/ operator/

@@ -11,7 +11,7 @@ help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 # Two stamps: the unit tier needs only the package and pytest; the rest adds Spark and plots.
-$(VENV)/.installed-unit: pyproject.toml
+$(VENV)/.installed-unit: pyproject.toml operator/eopipe/core/native.pyx
 	@echo "==> Python virtualenv $(VENV) (pip's cache makes later runs quick)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -3,9 +3,9 @@ under $EOPIPE_CACHE/node-images (docs/design.md#the-local-environment):
 
 - pause: localenv/node/pause/main.go built static, the image's only file; CoreDNS,
   local-path-provisioner and kube-network-policies (hack/build-tools.sh) the same way.
-- base: `mmdebstrap --variant=minbase bookworm` with python3 and python3-venv, and a venv on
-  PATH (Debian's python refuses pip installs outside one, PEP 668). It stands in for the
-  python slim image a user's build starts FROM.
+- base: `mmdebstrap --variant=minbase bookworm` with python3, python3-venv and python3-dev (the
+  C headers the python image has), and a venv on PATH (Debian's python refuses pip installs
+  outside one, PEP 668). It stands in for the python slim image a user's build starts FROM.
 - eopipe: the project's Dockerfile (target operator), built by `buildah bud` with
   PYTHON_IMAGE=<base>; eopipe-spark the same (target spark).
 - eopipe-spark-operator: the Kubeflow Spark Operator's binary (hack/build-tools.sh
@@ -34,9 +34,11 @@ from localenv import REPO_ROOT
 
 CACHE = Path(os.environ.get("EOPIPE_CACHE", Path.home() / ".cache" / "eopipe")) / "node-images"
 PAUSE_SRC = Path(__file__).resolve().parent / "pause" / "main.go"
-BASE_SUITE, BASE_PACKAGES = "bookworm", ("python3", "python3-venv")
+# python3-dev: the python image a user's build starts FROM has Python's C headers.
+BASE_SUITE, BASE_PACKAGES = "bookworm", ("python3", "python3-venv", "python3-dev")
 VENV = "/opt/venv"
 # What the Dockerfile's build context contributes (its COPY sources); a change rebuilds.
+NATIVE_C = "operator/eopipe/core/native.c"  # Cython's output, made by each build
 APP_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "spark_app")
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 HOST_JAVA_TRUST = Path("/etc/ssl/certs/java/cacerts")
@@ -61,15 +63,15 @@ def _hash(*parts: bytes) -> str:
 
 
 def tree_hash(root: Path, inputs: tuple[str, ...]) -> str:
-    """Content hash of the files under `inputs` (relative to root), names included; caches and
-    bytecode left out."""
+    """Content hash of the files under `inputs` (relative to root), names included; caches,
+    bytecode and the host's build of the compiled hot path (.dockerignore'd) left out."""
     parts: list[bytes] = []
     for name in inputs:
         p = root / name
         files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
         for f in files:
             rel = f.relative_to(root).as_posix()
-            if "__pycache__" in rel or ".egg-info" in rel or rel.endswith(".pyc"):
+            if "__pycache__" in rel or ".egg-info" in rel or rel.endswith((".pyc", ".so")) or rel == NATIVE_C:
                 continue
             parts += [rel.encode(), f.read_bytes()]
     return _hash(*parts)

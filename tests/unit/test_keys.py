@@ -2,9 +2,11 @@
 record's identity, and a record without a usable key is malformed (the DLQ), never a crash."""
 
 import json
+import random
 
 import pytest
 
+from eopipe.core import native
 from eopipe.core.keys import KeySpec, MalformedRecord, batch_extractor, extract, extractor
 
 
@@ -149,10 +151,87 @@ def test_bad_json_paths_are_refused(text):
 
 def test_json_keys_of_a_batch_at_once():
     """The worker's batch path takes the common case itself (else it would gain nothing) and
-    leaves anything else to the per-record path."""
+    leaves anything else to the per-record path; the compiled scan takes it first."""
     assert batch_extractor(ID)([b'{"id": "a"}', b'{"id": "b", "n": 1}']) == [b"a", b"b"]
     assert batch_extractor(USER_ID)([b'{"user": {"id": "u"}}']) == [b"u"]
     assert batch_extractor(ID)([]) == []
-    assert batch_extractor(ID)([b'{"id": "a"}', b'{"id": 42}']) is None  # an integer: one by one
-    assert batch_extractor(KeySpec.parse("json:a.b.c")) is None
+    assert batch_extractor(ID)([b'{"id": "a"}', b'{"id": 42}']) == [b"a", b"42"]
+    assert batch_extractor(ID)([b'{"id": "a"}', b'{"id": 4.2}']) is None  # a float: one by one
+    assert batch_extractor(KeySpec.parse("json:a.b.c"))([b'{"a": {"b": {"c": "d"}}}']) == [b"d"]
     assert batch_extractor(KeySpec()) is None and batch_extractor(KeySpec("header", "h")) is None
+    event = (b'{"id":"3f1c2a9e-6b1d-4a57-9c1e-2f0b8d7e6a51","user":{"id":"3f1c2a9e-6b1d-4a57-9c1e-2f0b8d7e6a51"},'
+             b'"seq":7,"account":"acct-0042","amount_cents":1999,"currency":"EUR","ts":1800000000000}')
+    assert native.json_keys([event, event], ("user", "id")) == [b"3f1c2a9e-6b1d-4a57-9c1e-2f0b8d7e6a51"] * 2
+    assert native.json_keys([event], ("seq",)) == [b"7"]
+
+
+# The scan's hard cases, each in the documents the fuzz test below mutates.
+_TRICKY = [
+    b'{"id": "a\\u0062"}', b'{"id": "\\ud800"}', b'{"\\u0069d": "x", "id": "y"}', b'{"id": "x", "id": "y"}',
+    b'{"id": "x", "id": 1}', b'{"id": -0}', b'{"id": -12}', b'{"id": 012}', b'{"id": 1.0}', b'{"id": NaN}',
+    b'{"id": ""}', b'{"id": null}', b'\xef\xbb\xbf{"id": "x"}', b'{"id": "\xc3\xa9t\xc3\xa9"}',
+    b'{"id": "\xed\xa0\x80"}', b'{"id": "\xc0\xaf"}', b'{"id": "\xf4\x90\x80\x80"}', b'{"id": "tab\there"}',
+    b' {"a": [1, {"id": 2}], "id" : "z" } ', b'{"id": "x",}', b'[{"id": "x"}]', b'{"id": "x"} {}',
+    b'{"user": {"id": "u"}, "user": 3}', b'{"user": [{"id": "u"}]}', b'{"user": {"id": "u", "x": [true, false]}}',
+    b'{"n": 1e5, "m": -0.5E-3, "id": "k"}', b'{"n": 1., "id": "k"}',
+    b'{"id": "k", "deep": ' + b"[" * 70 + b"]" * 70 + b"}",
+]
+
+
+@pytest.mark.parametrize("path", [("id",), ("user", "id")])
+def test_the_compiled_scan_agrees_with_the_json_reading(path):
+    """A key from native.json_keys is exactly extract()'s; where extract() finds the record
+    malformed, or reads it otherwise, the scan gives up (None). Fuzzed: random documents and
+    byte-level mutations of them and of the hard cases."""
+    rng = random.Random(11)
+    spec = KeySpec("jsonField", path=path)
+
+    def doc(depth=0):
+        r = rng.random()
+        if depth > 3 or r < 0.3:
+            return rng.choice([rng.randrange(-10**20, 10**20), rng.random() * 1e6, "", "é😀\"\\\n", True, None,
+                               "".join(rng.choice("ab-1_ ") for _ in range(rng.randrange(8))), float("nan")])
+        if r < 0.5:
+            return [doc(depth + 1) for _ in range(rng.randrange(4))]
+        return {rng.choice(["id", "user", "x", "i\u0064", "ïd"]): doc(depth + 1) for _ in range(rng.randrange(5))}
+
+    corpus = list(_TRICKY)
+    for _ in range(3000):
+        d = doc()
+        if isinstance(d, dict) and rng.random() < 0.8:  # mostly with the field, as records are
+            node = d
+            for name in path[:-1]:
+                if not isinstance(node.get(name), dict):
+                    node[name] = {}
+                node = node[name]
+            node[path[-1]] = rng.choice([str(rng.random()), rng.randrange(-10**12, 10**12), "id-é"])
+        seps = rng.choice([(",", ":"), (", ", ": ")])
+        corpus.append(json.dumps(d, ensure_ascii=rng.random() < 0.5, separators=seps).encode())
+    taken = 0
+    for base in corpus:
+        for v in [base] + [_mutate(rng, base) for _ in range(5)]:
+            got = native.json_keys([v], path)
+            try:
+                want = extract(spec, None, v, None)
+            except MalformedRecord:
+                want = None
+            if got is not None:
+                taken += 1
+                assert want is not None and got == [want], v
+    assert taken > 500  # the scan takes the common case itself
+
+
+def _mutate(rng, v: bytes) -> bytes:
+    b = bytearray(v)
+    for _ in range(rng.randrange(1, 3)):
+        i = rng.randrange(len(b) + 1)
+        op = rng.randrange(4)
+        if op == 0 and b:
+            del b[min(i, len(b) - 1)]
+        elif op == 1:
+            b[i:i] = bytes([rng.choice(b'{}[]",:\\ 0-.eE\x00\x80\xc3\xa9\xff')])
+        elif op == 2 and b:
+            b[min(i, len(b) - 1)] = rng.randrange(256)
+        else:
+            b = b[:i]
+    return bytes(b)

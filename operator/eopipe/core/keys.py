@@ -18,6 +18,8 @@ from typing import Callable, Literal
 
 import orjson
 
+from eopipe.core import native
+
 PATH_HINT = 'name a field with a dot in its name by the list form: path [a.b, c], or json:["a.b", "c"]'
 
 
@@ -140,26 +142,34 @@ def extractor(spec: KeySpec) -> Extract:
 
 
 def batch_extractor(spec: KeySpec) -> Callable[[list], "list[bytes] | None"] | None:
-    """For a JSON field one or two names deep: the keys of a whole batch of values in one
-    comprehension (no Python call per record), or None when any record of the batch is not the
-    common case (a non-empty string field of valid JSON): then the caller takes the records one
-    by one through extractor(spec), which decides exactly as extract does. None for the other
-    specs and deeper paths."""
-    if spec.kind != "jsonField" or len(spec.path) > 2:
+    """For a JSON field: the keys of a whole batch of values in one call, or None when any
+    record of the batch is not the common case (a non-empty string or an integer field of
+    valid JSON): then the caller takes the records one by one through extractor(spec), which
+    decides exactly as extract does. None for the other specs.
+
+    First a compiled scan that builds nothing (core/native.pyx); where it gives up, for a
+    field one or two names deep, orjson over the batch in one comprehension."""
+    if spec.kind != "jsonField":
         return None
+    scan, path = native.json_keys, spec.path
+    if len(path) > 2:
+        return lambda values: scan(values, path)
     loads = orjson.loads
-    if len(spec.path) == 1:
-        (a,) = spec.path
+    if len(path) == 1:
+        (a,) = path
 
         def fields(values):
             return [loads(v)[a] for v in values]
     else:
-        a, b = spec.path
+        a, b = path
 
         def fields(values):
             return [loads(v)[a][b] for v in values]
 
     def keys(values: list) -> "list[bytes] | None":
+        found = scan(values, path)
+        if found is not None:
+            return found
         try:  # a value that is not JSON, not an object, or lacks the field raises: one by one
             got = fields(values)
             # str.encode fails on anything but a string (and on a lone surrogate); a float or a

@@ -19,6 +19,7 @@ from typing import Callable
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException, TopicPartition
 
+from eopipe.core import native
 from eopipe.core import partitioner as partitioners
 from eopipe.core.headers import H_OFFSET, H_PARTITION, H_REASON, H_REROUTED, H_TOPIC
 from eopipe.core.keys import MalformedRecord, batch_extractor, extractor
@@ -74,35 +75,25 @@ class Transaction:
         """The polled records, in three passes over the batch: their keys (malformed -> the
         DLQ), their home partitions at once (elsewhere -> rerouted), then one lookup and the
         emits. Records and keys in two parallel lists: no tuple per record (and less for the
-        garbage collector to scan)."""
+        garbage collector to scan). The per-record steps are compiled (core/native.pyx)."""
         cfg = self.cfg
         p = self.p
         produce = self.producer.produce
         by_key = cfg.key_spec.kind == "recordKey"  # the record key itself: no call per record
-        good: list = []   # the records with a key, in order
-        keys: list = []   # their keys
-        add_m, add_k = good.append, keys.append
+        good, keys, odd, last = native.split(msgs, by_key)  # odd: an error or no key, in order
         bad = 0
-        last = None
-        for m in msgs:
+        for m in odd:
             if m.error() is not None:
                 self._consumer_error(m.error())
-                continue
-            last = m
-            if by_key:
-                k = m.key()
-                if not k:
-                    bad += self._dead_letter(produce, m, "record has no key")
-                    continue
-                add_k(k)
-            add_m(m)
+            else:
+                bad += self._dead_letter(produce, m, "record has no key")
         if last is None:
             return
         if not by_key:  # the whole batch at once where it can be, else one by one
             many = self.extract_many
             keys = many([m.value() for m in good]) if many is not None else None
             if keys is None:
-                good, keys, bad = self._keys_one_by_one(produce, good)
+                good, keys, bad = self._keys_one_by_one(produce, good)  # odd held errors only
         n = len(good) + bad
         dead = bad
         rerouted = 0
@@ -117,37 +108,29 @@ class Transaction:
         # Dedup: the open transaction's keys, then the store's live segments (store.contains).
         pending = self.pending
         lookup = [k for k in keys if k not in pending] if pending else keys  # a key twice: found twice, no harm
-        seen = self.store.contains(lookup) if lookup else ()
-        broken = self.no_dedup
-        out = cfg.output_topic
-        out_p = self.out_p
+        seen = self.store.contains(lookup) if lookup else set()
         emitted = dups = 0
-        for m, k in zip(good, keys):
-            if not broken and (k in pending or k in seen):
-                dups += 1
-                continue
-            ts_type, ts = m.timestamp()
-            if ts_type == TIMESTAMP_NOT_AVAILABLE:
-                ts = 0
-            pending[k] = ts
-            hdrs = m.headers()
-            if hdrs:  # the reroute mark is internal: it never reaches the output
-                hdrs = [h for h in hdrs if h[0] != H_REROUTED] or None
+        i, total = 0, len(good)
+        while i < total:
             # To the partition it was read from, not by the producer's partitioner: the output
             # keeps each source partition's order whatever the record key, and right after
             # partition growth no stale partition count places it elsewhere. (An output with
             # fewer partitions: see _produce.)
-            try:  # the hot path: inline; the helper handles a full queue and errors
-                # Positional (topic, value, key, partition, callback, on_delivery, timestamp,
-                # headers; a None callback is the default): parsing keywords cost 0.4 µs a call.
-                produce(out, m.value(), m.key(), out_p, None, None, ts, hdrs)
-            except (BufferError, KafkaException):
-                sent = self._produce(produce, out, m.value(), m.key(), out_p, ts, hdrs, m)
-                out_p = self.out_p
-                if not sent:
+            i, sent, found = native.emit(good, keys, i, pending, seen, self.no_dedup, produce, cfg.output_topic,
+                                         self.out_p, H_REROUTED)
+            emitted += sent
+            dups += found
+            if i < total:  # its produce raised: the helper handles a full queue and errors
+                m = good[i]
+                hdrs = m.headers()
+                if hdrs:  # the reroute mark is internal: it never reaches the output
+                    hdrs = [h for h in hdrs if h[0] != H_REROUTED] or None
+                ts = pending[keys[i]]  # emit noted it
+                if self._produce(produce, cfg.output_topic, m.value(), m.key(), self.out_p, ts, hdrs, m):
+                    emitted += 1
+                else:
                     dead += 1
-                    continue
-            emitted += 1
+                i += 1
         self.producer.poll(0)
         c = self.counts
         c.consumed += n

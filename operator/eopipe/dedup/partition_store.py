@@ -11,6 +11,8 @@ from typing import Iterable, Protocol
 
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
 
+from eopipe.core import native
+
 MAX_SKEW_MS = 60_000
 _META_APPLIED = b"applied_offset"
 _META_WATERMARK = b"watermark_ms"
@@ -135,11 +137,8 @@ class PartitionStore:
                 break
             # One get per key: rocksdict's multi-get cost 0.7 µs a missing key, a get 0.3
             # (most keys are new and miss; the memtable's bloom filter answers them).
-            get = self._segments[seg].get
-            hit = [k for k in remaining if get(k) is not None]
-            if hit:
-                found.update(hit)
-                remaining = [k for k in remaining if k not in found]
+            hit, remaining = native.split_found(self._segments[seg].get, remaining)
+            found.update(hit)
         return found
 
     def segment_starts(self) -> list[int]:
@@ -184,13 +183,9 @@ class PartitionStore:
                 by_seg.setdefault(oldest, []).extend(late)
         wb = WriteBatch(raw_mode=True)
         for start, keys in by_seg.items():
-            h = self._handle((start, seg_ms))
-            put = wb.put
             # In key order: the memtable's skip list then inserts each key next to the previous
             # one instead of searching from the top (a third less CPU per key, sort included).
-            keys.sort()
-            for k in keys:
-                put(k, b"", h)
+            native.put_sorted(wb.put, keys, b"", self._handle((start, seg_ms)))
         if applied_offset is not None:
             wb.put(_META_APPLIED, _enc(applied_offset))
         if partition_count is not None:
