@@ -37,8 +37,8 @@ PAUSE_SRC = Path(__file__).resolve().parent / "pause" / "main.go"
 # python3-dev: the python image a user's build starts FROM has Python's C headers.
 BASE_SUITE, BASE_PACKAGES = "bookworm", ("python3", "python3-venv", "python3-dev")
 VENV = "/opt/venv"
-# What the Dockerfile's build context contributes (its COPY sources); a change rebuilds.
 NATIVE_C = "operator/eopipe/core/native.c"  # Cython's output, made by each build
+# What the Dockerfile's build context contributes (its COPY sources); a change rebuilds.
 APP_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "spark_app")
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 HOST_JAVA_TRUST = Path("/etc/ssl/certs/java/cacerts")

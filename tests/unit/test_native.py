@@ -116,3 +116,11 @@ def test_put_sorted_puts_in_bytewise_order():
     assert puts == [(k, b"", "cf") for k in sorted(keys)]
     with pytest.raises(TypeError, match="a key is str, not bytes"):
         native.put_sorted(lambda *a: None, [b"a", "b"], b"", None)
+
+
+def test_murmur2_takes_bytes_only():
+    """A key that is not bytes is an error, not a read of whatever the pointer holds."""
+    with pytest.raises(TypeError):
+        native.murmur2_partitions([b"a", "b"], 4)
+    with pytest.raises(TypeError):
+        native.murmur2_partition("b", 4)

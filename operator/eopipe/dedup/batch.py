@@ -122,9 +122,7 @@ class Transaction:
             dups += found
             if i < total:  # its produce raised: the helper handles a full queue and errors
                 m = good[i]
-                hdrs = m.headers()
-                if hdrs:  # the reroute mark is internal: it never reaches the output
-                    hdrs = [h for h in hdrs if h[0] != H_REROUTED] or None
+                hdrs = native.output_headers(m.headers(), H_REROUTED)
                 ts = pending[keys[i]]  # emit noted it
                 if self._produce(produce, cfg.output_topic, m.value(), m.key(), self.out_p, ts, hdrs, m):
                     emitted += 1
