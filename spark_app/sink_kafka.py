@@ -138,6 +138,10 @@ def _new_producer(params: SinkParams, transactional_id: str) -> Producer:
         "linger.ms": 5,
         "transaction.timeout.ms": 60000,
         "message.timeout.ms": 55000,
+        # librdkafka connects to a learnt broker no sooner than half this after the bootstrap
+        # connection is dropped (its sparse-connect interval, at least 11 ms): with the default
+        # 100 ms every task's producer waited 50 ms before init_transactions() could begin.
+        "reconnect.backoff.ms": 20,
     })
     # librdkafka drops its bootstrap connection as soon as it has learnt the brokers; when
     # init_transactions()' coordinator lookup falls into that gap it retries only after a
@@ -383,16 +387,23 @@ class KafkaSinkBatchWriter:
             # Spark replays at most the last batch that has offsets but no commit, and it is
             # the first one this driver runs; later batches are new.
             self.first_batch_of_run = batch_id
+        t0 = time.monotonic()
         records = to_kafka_records(df)
         rdd = records.rdd  # once: its partitions are the tasks the units are read from
+        t1 = time.monotonic()
         query = self._query()
         units = decide(observe(rdd, query._jsq.streamingQuery().lastExecution().executedPlan()))
+        t2 = time.monotonic()
         done = frozenset()
         if batch_id == self.first_batch_of_run and any(u.legacy_key for u in units):
             done = legacy_done(self.params, units, batch_id, str(query.id),
                                lambda: rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect())
         rdd.foreachPartition(partial(write_partition, self.params, batch_id,
                                      self.first_batch_of_run, units, old_sink_wrote=done))
+        if _DEBUG:
+            t3 = time.monotonic()
+            _log(f"batch {batch_id}: records {(t1 - t0) * 1000:.0f} ms, units {(t2 - t1) * 1000:.0f} ms, "
+                 f"write job {(t3 - t2) * 1000:.0f} ms")
 
     def _query(self):
         """The running query: its id, and its executed plan for the batch being written (`df`
