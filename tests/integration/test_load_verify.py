@@ -73,6 +73,16 @@ def test_load_waits_when_the_producer_queue_is_full(kafka_bootstrap):
     assert sum(1 for _ in TopicReader(kafka_bootstrap).read(src)) == 3000
 
 
+def test_a_load_the_broker_refuses_fails_instead_of_counting_it(kafka_bootstrap):
+    """Records the broker does not take (here: larger than the topic allows) make the load fail,
+    so no caller counts records the topic does not hold: failures are reported by delivery."""
+    name = f"lv-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    admin.create_topics([NewTopic(name, 1, 1, config={"max.message.bytes": "64"})])[name].result(30)
+    with pytest.raises(RuntimeError, match="records not delivered"):
+        run_load(kafka_bootstrap, name, 20, dup_ratio=0.0, seed=5, producer_config={"message.timeout.ms": 10000})
+
+
 def test_a_stopped_load_ends_and_counts_what_it_sent(kafka_bootstrap):
     """`stop` ends a load early (the e2e tests' load lasts as long as their faults): its counts are
     what the topic holds."""
