@@ -295,7 +295,7 @@ def _checkpoint_refused(error: str) -> bool:
 
 
 def start_query(spark, cfg: Config):
-    from spark_app.sink_kafka import KafkaSinkBatchWriter, SinkParams
+    from spark_app.sink_kafka import KafkaSinkBatchWriter, SinkParams, one_task_at_a_time
 
     result = build_query_frame(spark, cfg, _starting_offsets(spark, cfg))
     w = result.writeStream.outputMode(cfg.output_mode).option("checkpointLocation",
@@ -308,7 +308,8 @@ def start_query(spark, cfg: Config):
         w = w.trigger(processingTime=f"{cfg.trigger_ms} milliseconds")
     if isinstance(cfg.sink, KafkaSink):
         params = SinkParams(cfg.sink.topic, cfg.sink.commit_topic, cfg.transactional_id_prefix,
-                            cfg.kafka_client_config())
+                            cfg.kafka_client_config(),
+                            keep_producers=one_task_at_a_time(dict(spark.sparkContext.getConf().getAll())))
         w = w.foreachBatch(KafkaSinkBatchWriter(params, spark, name))
     else:
         assert isinstance(cfg.sink, FileSink)

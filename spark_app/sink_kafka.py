@@ -10,13 +10,18 @@ partition p straight from the scan, `task-<i>` for task i of a plan that shuffle
   transaction it writes the task's rows to the sink topic and a marker
   `u -> {batch: B, query: Q, source ranges}` to the pipeline's compacted commit topic. Either
   both are visible to read_committed readers or neither is.
-* Every task run creates its producer and calls init_transactions(), which fences every
-  older producer with the same transactional.id (an earlier attempt, a zombie of a previous
-  driver) and completes or aborts its open transaction. A task that cannot rule out an
-  earlier writer of (B, u) -- a retry, or the first batch a driver runs, which may be a
-  replay -- then reads its marker (read_committed; after the init it is final). If the marker
-  already holds B for the same streaming query, the unit's rows are in the sink already and
-  it writes nothing.
+* A task that cannot rule out an earlier writer of (B, u) -- a retry, or the first batch a
+  driver runs, which may be a replay -- creates its producer and calls init_transactions(),
+  which fences every older producer with the same transactional.id (an earlier attempt, a
+  zombie of a previous driver) and completes or aborts its open transaction; it then reads its
+  marker (read_committed; after the init it is final). If the marker already holds B for the
+  same streaming query, the unit's rows are in the sink already and it writes nothing.
+* Any other task does the same, unless its Python worker kept the unit's producer from the
+  unit's last commit (where an executor runs one task at a time, `keep_producers`). Then its
+  first row is the proof: the broker takes it only if no newer producer of the unit exists, so
+  none has written since that commit. If the broker refuses it (fenced), the newer one may be
+  a copy of this very task that committed B (a speculative copy, a retry on another
+  executor): the task goes the first way, with a new producer and the marker.
 
 Why a unit of a replayed micro-batch holds the same rows as in the batch's first run:
   1. Spark writes the offset range of batch B (per Kafka partition: from, until) to the
@@ -58,6 +63,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -89,6 +95,8 @@ class SinkParams:
     commit_topic: str
     transactional_id_prefix: str
     client_config: dict  # librdkafka settings incl. bootstrap.servers and credentials
+    # Keep each unit's producer in the Python worker between batches (one_task_at_a_time).
+    keep_producers: bool = False
 
     def transactional_id(self, unit: Unit) -> str:
         return f"{self.transactional_id_prefix}.{unit.txn_suffix}"
@@ -151,6 +159,51 @@ def _new_producer(params: SinkParams, transactional_id: str) -> Producer:
         p.list_topics(params.commit_topic, timeout=TIMEOUT_S)
     p.init_transactions(TIMEOUT_S)
     return p
+
+
+# Per Python worker: each unit's producer after its last commit (no transaction open), by
+# transactional.id; only with SinkParams.keep_producers.
+_IDLE: dict[str, Producer] = {}
+
+
+def one_task_at_a_time(conf: dict[str, str], cpus: int | None = None) -> bool:
+    """Whether each executor runs one task at a time, from the Spark settings (`cpus`: the
+    machine's, for local[*]): then it has one Python worker, and as Kafka's source prefers one
+    executor for each partition's task, a unit comes back to the worker that kept its producer.
+    With more task slots units move between workers, and each move would fence the kept
+    producer (costing a marker read instead of saving an init)."""
+    master = conf.get("spark.master", "")
+    try:
+        m = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master)
+        if m:
+            cores = (cpus or os.cpu_count() or 0) if m.group(1) == "*" else int(m.group(1) or 1)
+        elif master.startswith("local"):  # local-cluster[...]: several executors, unknown slots
+            return False
+        else:
+            cores = int(conf.get("spark.executor.cores", "1"))
+        return cores // int(conf.get("spark.task.cpus", "1")) == 1
+    except (ValueError, ZeroDivisionError):
+        return False
+
+
+def _still_newest(producer: Producer, params: SinkParams, row) -> bool:
+    """Begins a transaction with `row` and waits until the broker has it: False if the broker
+    refused it (a newer producer of this transactional.id exists: fenced) or did not answer in
+    time. Nothing of a refused transaction becomes visible; the next producer's init aborts it."""
+    taken: list[bool] = []
+    try:
+        producer.begin_transaction()
+        producer.produce(params.topic, key=row[0], value=row[1],
+                         on_delivery=lambda err, _msg: taken.append(err is None))
+        producer.flush(TIMEOUT_S)
+    except Exception:  # fenced: confluent-kafka raises the fatal error from the delivery callback
+        return False
+    return taken == [True]
+
+
+def _keep(params: SinkParams, transactional_id: str, producer: Producer) -> None:
+    if params.keep_producers:
+        _IDLE[transactional_id] = producer
 
 
 _COMMIT_PARTITIONS: dict[str, int] = {}
@@ -257,10 +310,7 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
         return  # nothing to write; an empty task needs no marker
 
     t0 = time.monotonic()
-    producer = _new_producer(params, params.transactional_id(unit))
-    t_init = time.monotonic() - t0
-    partition = unit.slot % commit_partitions(params, producer)
-
+    tid = params.transactional_id(unit)
     # Could an earlier writer have committed (B, unit)? Only two cases:
     # * a retry (attempt > 0, including speculative copies): attempt 0 may have committed
     #   and then failed to report success;
@@ -269,10 +319,23 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
     # Any later batch N of this run was planned by this driver, which won the atomic write of
     # offsets/N in the checkpoint (a second driver on the same checkpoint fails there and
     # never runs N), and attempt 0 is the first writer of (N, unit) in this run.
-    if attempt > 0 or batch_id <= first_batch_of_run:
+    check = attempt > 0 or batch_id <= first_batch_of_run
+    producer = None if check else _IDLE.pop(tid, None)
+    sent = False
+    if producer is not None:
+        sent = _still_newest(producer, params, first)
+        if not sent:  # fenced: the newer producer may be a copy of this task that wrote B
+            producer, check = None, True
+    if producer is None:
+        producer = _new_producer(params, tid)
+    t_init = time.monotonic() - t0
+    partition = unit.slot % commit_partitions(params, producer)
+
+    if check:
         if task in old_sink_wrote:
             _log(f"batch {batch_id} task {task} ({unit.marker_key}) attempt {attempt}: replay, written by the "
                  "task-index sink before the upgrade, skipped")
+            _keep(params, tid, producer)
             return
         marker = read_marker(params, unit.marker_key, partition)
         if marker is not None and marker.query == query:
@@ -280,12 +343,14 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
             if marker.batch == batch_id:
                 _log(f"batch {batch_id} task {task} ({unit.marker_key}) attempt {attempt}: replay, "
                      "marker holds this batch, skipped")
+                _keep(params, tid, producer)
                 return
 
     try:
-        producer.begin_transaction()
-        n = 0
-        for key, value in chain([first], it):
+        n = 1 if sent else 0
+        if not sent:
+            producer.begin_transaction()
+        for key, value in it if sent else chain([first], it):
             while True:
                 try:
                     producer.produce(params.topic, key=key, value=value)
@@ -302,9 +367,11 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
             producer.flush(TIMEOUT_S)
             time.sleep(delay)
         _commit(producer)
+        _keep(params, tid, producer)
         if _DEBUG:
+            how = "kept producer, first row" if sent else "init"
             _log(f"batch {batch_id} task {task} ({unit.marker_key}) attempt {attempt}: {n} rows committed in "
-                 f"{(time.monotonic() - t0) * 1000:.0f} ms (init {t_init * 1000:.0f} ms)")
+                 f"{(time.monotonic() - t0) * 1000:.0f} ms ({how} {t_init * 1000:.0f} ms)")
     except BaseException:
         # The transaction's state is unknown. The task fails, Spark retries it (attempt + 1),
         # the retry's init_transactions() aborts anything still open and its marker read tells

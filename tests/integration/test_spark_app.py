@@ -208,6 +208,7 @@ def test_sink_protocol_skips_committed_batches_and_refuses_a_rewound_checkpoint(
     assert out_keys()["fresh"] == 1
     marker = sink_kafka.read_marker(params, units[0].marker_key, 0)
     assert (marker.batch, marker.query) == (0, "q2")
+    assert not sink_kafka._IDLE  # keep_producers off: a producer per task run
 
 
 @pytest.mark.kafka
@@ -267,6 +268,45 @@ def test_a_replay_after_an_upgrade_from_the_task_index_sink(kafka_bootstrap, mon
     old_sink_writes(params2, t2, 0, 7)
     with pytest.raises(sink_kafka.InconsistentCheckpoint, match="checkpoint refused: batch 5 is a replay"):
         sink_kafka.legacy_done(params2, _units(t2.source, 7, 0, 4), 5, "q", lambda: [2, 2, 3])
+
+
+@pytest.mark.kafka
+def test_a_kept_producer_is_reused_and_a_fenced_one_reads_the_marker(kafka_bootstrap, monkeypatch):
+    """Where an executor runs one task at a time its Python worker keeps each unit's producer
+    between batches, and the next batch's first row proves it is still the newest (no init).
+    One fenced meanwhile (the unit ran on another worker, or a retry of this very batch
+    committed it elsewhere) is replaced and the marker read, as a retry does: nothing twice."""
+    import pyspark
+
+    t = Topics(kafka_bootstrap, partitions=1)
+    params = sink_kafka.SinkParams(t.sink, t.commits, f"eopipe.test.{t.pipeline}.spark",
+                                   {"bootstrap.servers": kafka_bootstrap}, keep_producers=True)
+    units = _units(t.source, 0)
+    tid = params.transactional_id(units[0])
+    made, new_producer = [], sink_kafka._new_producer
+    monkeypatch.setattr(sink_kafka, "_new_producer", lambda *a: made.append(a[1]) or new_producer(*a))
+    monkeypatch.setattr(sink_kafka, "_IDLE", {})
+    ctx = {"c": _FakeTaskContext(0, 0, "q")}
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: ctx["c"]))
+
+    def rows(batch):
+        return [(f"b{batch}-{i}", "{}") for i in range(3)]
+
+    for batch in (1, 2, 3):  # batches after the run's first: no earlier writer to look for
+        sink_kafka.write_partition(params, batch, 0, units, rows(batch))
+    assert len(made) == 1
+    kept = sink_kafka._IDLE.pop(tid)
+    sink_kafka.write_partition(params, 4, 0, units, rows(4))  # another worker: fences `kept`
+    ctx["c"] = _FakeTaskContext(0, 1, "q")  # a retry of batch 5 commits it on another executor
+    sink_kafka._IDLE.clear()
+    sink_kafka.write_partition(params, 5, 0, units, rows(5))
+    ctx["c"] = _FakeTaskContext(0, 0, "q")  # then attempt 0 runs here, with the fenced producer
+    sink_kafka._IDLE[tid] = kept
+    sink_kafka.write_partition(params, 5, 0, units, rows(5))
+    sink_kafka.write_partition(params, 6, 0, units, rows(6))
+    assert len(made) == 4  # batch 1, the other worker, the retry, attempt 0's replacement
+    out = Counter(m.key().decode() for m in TopicReader(kafka_bootstrap).read(t.sink))
+    assert out == Counter(k for batch in range(1, 7) for k, _ in rows(batch)), out
 
 
 @pytest.mark.kafka

@@ -1,0 +1,24 @@
+"""Where the Spark sink keeps each unit's producer between batches (spark_app/sink_kafka.py)."""
+
+import pytest
+
+from spark_app.sink_kafka import one_task_at_a_time
+
+
+@pytest.mark.parametrize("conf, cpus, one", [
+    ({"spark.master": "local"}, 8, True),
+    ({"spark.master": "local[1]"}, 8, True),
+    ({"spark.master": "local[1,4]"}, 8, True),
+    ({"spark.master": "local[2,4]"}, 8, False),
+    ({"spark.master": "local[*]"}, 1, True),
+    ({"spark.master": "local[*]"}, 2, False),
+    ({"spark.master": "local[2]", "spark.task.cpus": "2"}, 8, True),
+    ({"spark.master": "local-cluster[2,1,1024]"}, 8, False),
+    ({"spark.master": "k8s://https://kubernetes.default.svc"}, 8, True),  # executor cores default 1
+    ({"spark.master": "k8s://https://kubernetes.default.svc", "spark.executor.cores": "2"}, 8, False),
+    ({"spark.master": "k8s://x", "spark.executor.cores": "2", "spark.task.cpus": "2"}, 8, True),
+    ({"spark.master": "k8s://x", "spark.executor.cores": "two"}, 8, False),
+    ({"spark.master": "k8s://x", "spark.task.cpus": "0"}, 8, False),
+])
+def test_one_task_at_a_time(conf, cpus, one):
+    assert one_task_at_a_time(conf, cpus) is one
