@@ -16,12 +16,13 @@ partition p straight from the scan, `task-<i>` for task i of a plan that shuffle
   zombie of a previous driver) and completes or aborts its open transaction; it then reads its
   marker (read_committed; after the init it is final). If the marker already holds B for the
   same streaming query, the unit's rows are in the sink already and it writes nothing.
-* Any other task does the same, unless its Python worker kept the unit's producer from the
-  unit's last commit (where an executor runs one task at a time, `keep_producers`). Then its
-  first row is the proof: the broker takes it only if no newer producer of the unit exists, so
-  none has written since that commit. If the broker refuses it (fenced), the newer one may be
-  a copy of this very task that committed B (a speculative copy, a retry on another
-  executor): the task goes the first way, with a new producer and the marker.
+* Any other task creates its producer and calls init_transactions() too, but reads no marker;
+  unless its Python worker kept the unit's producer from the unit's last commit (where an
+  executor runs one task at a time, `keep_producers`): then no init, and its first row is the
+  proof: the broker takes it only if no newer producer of the unit exists, so none has written
+  since that commit. If the broker refuses it (fenced), the newer one may be a copy of this very
+  task that committed B (a speculative copy, a retry on another executor): the task goes the
+  first way, with a new producer and the marker.
 
 Why a unit of a replayed micro-batch holds the same rows as in the batch's first run:
   1. Spark writes the offset range of batch B (per Kafka partition: from, until) to the
