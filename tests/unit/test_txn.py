@@ -311,3 +311,30 @@ def test_a_fatal_produce_error_is_a_known_producer_failure():
     with pytest.raises(txn.ProducerFatal) as e:
         t.process([_msg(10, MINE[0], b"a")])
     assert e.value.code == "_FATAL" and e.value.reason == "out of order sequence number"
+
+
+@pytest.mark.parametrize("err, expected", [
+    # A newer owner took p: its fencing arrives with a failed delivery, served by poll().
+    (KafkaError(KafkaError._FENCED, "fenced by newer producer instance", fatal=True), txn.Fenced),
+    (KafkaError(KafkaError._FATAL, "out of order sequence number", fatal=True), txn.ProducerFatal),
+    (KafkaError(KafkaError._MSG_TIMED_OUT, "message timed out"), txn.Abortable),
+])
+def test_a_failed_delivery_is_what_the_produce_error_would_be(err, expected):
+    """Not a bare KafkaException: that restarted p, whose init_transactions fenced the newer owner back."""
+    from types import SimpleNamespace
+
+    from eopipe.dedup.batch import Transaction
+    from eopipe.dedup.config import WorkerConfig
+
+    class Producer(FakeProducer):
+        def produce(self, *args, **kw):
+            pass
+
+        def poll(self, timeout):
+            raise KafkaException(err)
+
+    cfg = WorkerConfig(bootstrap="127.0.0.1:9", source_topic="src", output_topic="out", pipeline="p", partitions=[3])
+    t = Transaction(cfg, 3, Producer([]), SimpleNamespace(), SimpleNamespace(contains=lambda keys: set()),
+                    TxnCalls(3), lambda: 4, False, committed=10)
+    with pytest.raises(expected):
+        t.process([_msg(10, MINE[0], b"a")])

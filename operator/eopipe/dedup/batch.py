@@ -129,7 +129,7 @@ class Transaction:
                 else:
                     dead += 1
                 i += 1
-        self.producer.poll(0)
+        self._poll(0)
         c = self.counts
         c.consumed += n
         c.emitted += emitted
@@ -241,7 +241,7 @@ class Transaction:
                     produce(topic, value, key, partition, timestamp=ts)
                 return True
             except BufferError:
-                self.producer.poll(0.05)
+                self._poll(0.05)
             except KafkaException as e:
                 err = e.args[0]
                 if err.code() == KafkaError.MSG_SIZE_TOO_LARGE and value is not None:
@@ -256,11 +256,25 @@ class Transaction:
                     # is kept there.
                     partition = self.out_p = -1
                     continue
-                if err.fatal() and err.code() in FENCED_CODES:
-                    raise Fenced(f"produce: {err}") from None
-                if err.fatal():
-                    raise ProducerFatal("produce", err) from None
-                raise Abortable(f"produce: {err}") from None
+                _raise_for("produce", err)
+
+    def _poll(self, timeout: float) -> None:
+        """Serves delivery reports. A failed delivery raises here (a fenced producer's, when a
+        newer owner took p): as the produce call's own error would, never as a bare
+        KafkaException, which would restart p and fence the newer owner back."""
+        try:
+            self.producer.poll(timeout)
+        except KafkaException as e:
+            _raise_for("delivery", e.args[0])
+
+
+def _raise_for(what: str, err: KafkaError):
+    """A producer error as what it means for p: Fenced, ProducerFatal or Abortable."""
+    if err.fatal() and err.code() in FENCED_CODES:
+        raise Fenced(f"{what}: {err}") from None
+    if err.fatal():
+        raise ProducerFatal(what, err) from None
+    raise Abortable(f"{what}: {err}") from None
 
 
 def _origin(topic: str, m, reason: str) -> list[tuple[str, bytes]]:
