@@ -27,8 +27,7 @@ from eopipe.dedup import clients
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.partition_store import PartitionStore
-from eopipe.dedup.txn import (API_TIMEOUT_S, COMMIT_ATTEMPT_S, FENCED_CODES, Abortable, Committed, Counts, Fenced,
-                               ProducerFatal, TxnCalls)
+from eopipe.dedup.txn import API_TIMEOUT_S, COMMIT_ATTEMPT_S, Abortable, Committed, Counts, TxnCalls, raise_if_fatal
 
 log = logging.getLogger("eopipe.dedup")
 
@@ -270,10 +269,7 @@ class Transaction:
 
 def _raise_for(what: str, err: KafkaError):
     """A producer error as what it means for p: Fenced, ProducerFatal or Abortable."""
-    if err.fatal() and err.code() in FENCED_CODES:
-        raise Fenced(f"{what}: {err}") from None
-    if err.fatal():
-        raise ProducerFatal(what, err) from None
+    raise_if_fatal(what, err)
     raise Abortable(f"{what}: {err}") from None
 
 

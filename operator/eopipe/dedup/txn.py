@@ -89,6 +89,15 @@ class ProducerFatal(RuntimeError):
         self.reason = err.str()
 
 
+def raise_if_fatal(what: str, err: KafkaError) -> None:
+    """A fatal producer error as what it means for p: Fenced (a newer owner took p; a restart
+    would fence it back) or ProducerFatal; any other error returns to the caller."""
+    if err.fatal():
+        if err.code() in FENCED_CODES:
+            raise Fenced(f"{what}: {err}") from None
+        raise ProducerFatal(what, err) from None
+
+
 class Stalled(Exception):
     """A commit-path call (send_offsets_to_transaction, commit_transaction, abort_transaction)
     timed out or outlived the watchdog: its outcome is unknown. p replaces its producer and
@@ -161,10 +170,7 @@ class TxnCalls:
                 raise Wedged(f"{msg}; restarting the partition with a new producer") from None
             except KafkaException as e:
                 err = e.args[0]
-                if err.fatal():
-                    if err.code() in FENCED_CODES:
-                        raise Fenced(f"{what}: {err}") from None
-                    raise ProducerFatal(what, err) from None
+                raise_if_fatal(what, err)
                 past = deadline is not None and time.monotonic() >= deadline
                 if stall and ((err.code() == KafkaError._TIMED_OUT and not err.retriable()) or (
                         err.retriable() and past)):
