@@ -250,14 +250,15 @@ def _kafka_topics_exist(cfg: Config, wait_seconds: float = 30) -> None:
         time.sleep(1)
 
 
-def _starting_offsets(spark, cfg: Config) -> str | None:
-    """Where a query with no checkpoint starts over a Kafka sink that holds output already: where
-    the sink's markers say each source partition's records are written up to (sink_position.py),
-    unless upgradeMode is reprocess (upgrade.choose_start). None: the config's startingOffsets."""
-    from spark_app.sink_position import checkpoint_is_empty, end_offsets, plan_start, read_markers
+def _starting_offsets(spark, cfg: Config, unplanned: bool) -> str | None:
+    """Where a query with no checkpoint (`unplanned`: no batch planned there) starts over a Kafka
+    sink that holds output already: where the sink's markers say each source partition's records
+    are written up to (sink_position.py), unless upgradeMode is reprocess (upgrade.choose_start).
+    None: the config's startingOffsets."""
+    from spark_app.sink_position import end_offsets, plan_start, read_markers
     from spark_app.upgrade import choose_start
 
-    if not isinstance(cfg.sink, KafkaSink) or not checkpoint_is_empty(spark, cfg.checkpoint_location):
+    if not isinstance(cfg.sink, KafkaSink) or not unplanned:
         return None
     markers, plan = [], None
     if cfg.upgrade_mode != "reprocess":
@@ -297,7 +298,13 @@ def _checkpoint_refused(error: str) -> bool:
 def start_query(spark, cfg: Config):
     from spark_app.sink_kafka import KafkaSinkBatchWriter, SinkParams, one_task_at_a_time
 
-    result = build_query_frame(spark, cfg, _starting_offsets(spark, cfg))
+    from spark_app.sink_position import clear_unplanned_checkpoint
+
+    unplanned, removed = clear_unplanned_checkpoint(spark, cfg.checkpoint_location)
+    if removed:
+        log(f"checkpoint {cfg.checkpoint_location} has no batch planned: removed what a driver stopped while "
+            f"planning its first batch left there: {', '.join(removed)}")
+    result = build_query_frame(spark, cfg, _starting_offsets(spark, cfg, unplanned))
     w = result.writeStream.outputMode(cfg.output_mode).option("checkpointLocation",
                                                               cfg.checkpoint_location)
     name = f"eopipe_{cfg.namespace}_{cfg.pipeline}".replace("-", "_").replace(".", "_")

@@ -11,8 +11,8 @@ committed). Starting there continues the output with no gap and no duplicate. A 
 plan's units (`task-<i>`, by shuffle partition) name no source range: their sink position is
 unknown, and such a query starts at `startingOffsets` as before (docs/design.md says so).
 
-`plan_start` is the pure part; `read_markers`, `end_offsets`, `watermarks` and
-`checkpoint_is_empty` do the I/O.
+`plan_start` and `unplanned_leftovers` are the pure parts; `read_markers`, `end_offsets`,
+`watermarks` and `clear_unplanned_checkpoint` do the I/O.
 """
 
 from __future__ import annotations
@@ -150,12 +150,35 @@ def end_offsets(client_config: dict, topic: str, timeout: float = 60.0) -> dict[
         c.close()
 
 
-def checkpoint_is_empty(spark, location: str) -> bool:
-    """No batch was ever planned there: Spark would start at startingOffsets. Through Hadoop's
-    file system, so a path and an s3a:// URI are read alike."""
+# Under a checkpoint, what Spark writes for batches; `metadata` (the query's id) is apart.
+BATCH_DIRS = ("offsets", "commits", "state", "sources")
+
+
+def unplanned_leftovers(listing: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """What to remove from a checkpoint whose offset log holds no batch (`listing`: each of
+    BATCH_DIRS there -> the names in it), as `dir/name`; None once a batch is logged (Spark
+    resumes it). A driver stopped while planning its first batch leaves `offsets/.0.<uuid>.tmp` (Hadoop's
+    write-then-rename; on S3 the rename is a copy) and the Kafka source's `sources/0/0`: Spark
+    then refuses every new start there (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), and a kept
+    `sources/0/0` would replace the start planned here with that driver's."""
+    if any(not name.startswith(".") for name in listing.get("offsets", ())):
+        return None
+    return [f"{d}/{name}" for d in BATCH_DIRS for name in sorted(listing.get(d, ()))]
+
+
+def clear_unplanned_checkpoint(spark, location: str) -> tuple[bool, list[str]]:
+    """Whether no batch was ever planned at `location` (Spark would start at startingOffsets),
+    and what a stopped first batch had left there, now removed. Through Hadoop's file system,
+    so a path and an s3a:// URI are read alike."""
     jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(location.rstrip("/") + "/offsets")
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    if not fs.exists(path):
-        return True
-    return not any(not s.getPath().getName().startswith(".") for s in fs.listStatus(path))
+    root = jvm.org.apache.hadoop.fs.Path(location.rstrip("/"))
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    listing = {}
+    for d in BATCH_DIRS:
+        path = jvm.org.apache.hadoop.fs.Path(root, d)
+        if fs.exists(path):
+            listing[d] = [s.getPath().getName() for s in fs.listStatus(path)]
+    gone = unplanned_leftovers(listing)
+    for rel in gone or ():
+        fs.delete(jvm.org.apache.hadoop.fs.Path(root, rel), True)
+    return gone is not None, gone or []

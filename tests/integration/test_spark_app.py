@@ -455,13 +455,23 @@ def test_driver_sigkills_mid_batch_a_lost_checkpoint_and_a_replayed_committed_ba
         if hit:
             break
     assert hit, "the kills did not land inside open transactions"
-    # Then the checkpoint lost too (a deleted claim): the new run starts where the sink's markers
-    # say each source partition's output ends, not from the earliest offset.
+    # Then the checkpoint lost too (a deleted claim), but for what a driver stopped while planning
+    # a first batch there leaves: batch 0's offsets in a temp file never renamed, and the Kafka
+    # source's first offsets (here the first run's, the earliest: used, they would write
+    # everything again). The new run clears them and starts where the sink's markers say each
+    # source partition's output ends.
     _wait_for_output(kafka_bootstrap, t.sink, 1, timeout=120)  # markers to start from
     kill_in_a_transaction()
-    shutil.rmtree(ck)
+    lost = tmp_path / "lost"
+    ck.rename(lost)
+    (ck / "offsets").mkdir(parents=True)
+    shutil.copy(lost / "offsets" / str(min(int(p.name) for p in (lost / "offsets").glob("[0-9]*"))),
+                ck / "offsets" / ".0.7f3e9c1a-0b4d-4e8a-9a51-2d6c0e1f5b37.tmp")
+    shutil.copytree(lost / "sources", ck / "sources")
     d.start()
     d.wait_running()
+    assert "has no batch planned: removed what a driver stopped while planning its first batch left there: " \
+        "offsets/.0.7f3e9c1a-0b4d-4e8a-9a51-2d6c0e1f5b37.tmp, sources/0" in d.log_text(), d.tail(30)
     assert "starting where the sink's markers say its output ends" in d.log_text(), d.tail(30)
     stats = _join_load(load)
     _wait_for_output(kafka_bootstrap, t.sink, stats["unique"], timeout=120)

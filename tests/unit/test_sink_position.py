@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from spark_app.sink_position import EARLIEST, LATEST, plan_start
+from spark_app.sink_position import EARLIEST, LATEST, plan_start, unplanned_leftovers
 
 
 def m(unit, batch, *ranges, query="q1", parts=0, topic="src"):
@@ -77,3 +77,18 @@ def test_markers_past_the_end_of_the_topic_are_a_problem(ends, problem):
         assert any(p.startswith(problem) for p in plan.problems), plan.problems
         assert all("delete the commit topic or set spec.processing.upgradeMode to reprocess" in p
                    for p in plan.problems)
+
+
+@pytest.mark.parametrize("listing, removed", [
+    ({}, []),
+    ({"offsets": []}, []),
+    # A driver stopped while writing batch 0's offsets (write, then rename): its temp file and the
+    # Kafka source's first offsets; Spark refuses a new start beside them.
+    ({"offsets": [".0.c99.tmp"], "sources": ["0"], "commits": []}, ["offsets/.0.c99.tmp", "sources/0"]),
+    ({"offsets": [".0.crc"], "state": ["0"], "commits": [".1.x.tmp"]}, ["offsets/.0.crc", "commits/.1.x.tmp", "state/0"]),
+    ({"offsets": ["0", ".1.c99.tmp"], "sources": ["0"]}, None),  # batch 0 planned: Spark resumes it
+    ({"offsets": ["7"], "commits": ["6"]}, None),
+], ids=["no checkpoint", "an empty offset log", "a first batch stopped mid-write", "only hidden files logged",
+        "a batch logged beside a temp file", "batches logged"])
+def test_what_a_checkpoint_with_no_batch_planned_has_removed(listing, removed):
+    assert unplanned_leftovers(listing) == removed
