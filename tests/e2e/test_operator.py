@@ -404,8 +404,17 @@ def test_spark_application_state_maps_to_processing_ready(operator, kube_api, ka
                    condition(o, "ProcessingReady").get("reason") == "SparkFailed" and o, 30, what="SparkFailed")
     assert condition(obj, "Ready")["status"] == "False" and "OOMKilled" in condition(obj, "ProcessingReady")["message"]
     # Its retries used up, the operator deletes it; the deletion is seen too and it is submitted again.
-    wait_for(lambda: (a := _spark_app(custom, ns)) and a["metadata"]["uid"] != failed_uid, 30,
-             what="the SparkApplication submitted again")
+    again = wait_for(lambda: (a := _spark_app(custom, ns)) and a["metadata"]["uid"] != failed_uid and a, 30,
+                     what="the SparkApplication submitted again")
+    # Failed again at once: the next resubmission waits (30 s, then longer), and the pipeline says so.
+    set_state("FAILED", "driver OOMKilled")
+    obj = wait_for(lambda: (o := get_pipeline(kube_api, ns, "payments")) and "so that waits" in
+                   condition(o, "ProcessingReady").get("message", "") and o, 30, what="the next resubmission waiting")
+    assert obj["status"]["sparkResubmits"]["count"] == 1, obj["status"]
+    assert _spark_app(custom, ns)["metadata"]["uid"] == again["metadata"]["uid"], "resubmitted without a wait"
+    told = [e.message for e in client.CoreV1Api(kube_api).list_namespaced_event(
+        ns, field_selector="involvedObject.name=payments").items if e.reason == "SparkResubmitted"]
+    assert len(told) == 1 and "resubmission 1 " in told[0], told
 
 
 def _spark_app(custom, ns):

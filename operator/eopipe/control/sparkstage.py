@@ -18,6 +18,7 @@ SparkApplication by its termination grace period).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
 from eopipe.control.status import Condition
 
@@ -84,3 +85,66 @@ def checkpoint_record(mode: str, query_key: str, recorded: dict | None) -> dict:
     if mode == "keepCheckpoint" or recorded.get("query") == query_key:
         return {"generation": recorded["generation"], "query": recorded.get("query") or query_key}
     return {"generation": recorded["generation"] + 1, "query": query_key}
+
+
+# ------------------------------------------------------------------ resubmitting a failed application
+
+# An application FAILED once the Spark Operator's own retries are used up is submitted again by
+# the operator (sparkstatus): at once the first time, then after these waits, as the kubelet backs
+# off a crashing container, so that a cause that lasts does not start a driver a minute forever.
+RESUBMIT_WAITS_S = (0, 30, 60, 120, 240, 300)  # before the n-th resubmission; the last repeats
+STEADY_S = 600  # a submission RUNNING this long starts the count again
+
+
+@dataclass(frozen=True)
+class Resubmit:
+    now: bool            # delete the application now; the next pass creates it again
+    record: dict | None  # status.sparkResubmits: {count, last, spec}; None: none since a steady run
+    wait_s: float = 0.0  # until the next resubmission is due (0 when `now`)
+
+
+def _when(text) -> datetime | None:
+    """An RFC 3339 time as written in status (a time without a zone is UTC); None if it is not one."""
+    try:
+        t = datetime.fromisoformat(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+    return t.replace(tzinfo=timezone.utc) if t is not None and t.tzinfo is None else t
+
+
+def resubmission(recorded, failed: bool, now: datetime, state: str, submitted: str | None,
+                 spec: str) -> Resubmit:
+    """Whether to resubmit now (failed: the verdict says the Spark Operator has given up), from
+    status.sparkResubmits as recorded, the application's state and lastSubmissionAttemptTime, and
+    the digest of its spec (LABEL_SPARK_SPEC): a changed spec starts the count again."""
+    ok = isinstance(recorded, dict) and recorded.get("spec") == spec
+    last = _when(recorded.get("last")) if ok else None
+    count = recorded.get("count") if last is not None else 0
+    if not isinstance(count, int) or count < 0:
+        count, last = 0, None
+    since = _when(submitted)
+    if state == "RUNNING" and since is not None and (now - since).total_seconds() >= STEADY_S:
+        count, last = 0, None
+    record = {"count": count, "last": last.isoformat(), "spec": spec} if last is not None else None
+    if not failed:
+        return Resubmit(False, record)
+    due = last.timestamp() + RESUBMIT_WAITS_S[min(count, len(RESUBMIT_WAITS_S) - 1)] if last else now.timestamp()
+    if now.timestamp() >= due:
+        return Resubmit(True, {"count": count + 1, "last": now.isoformat(), "spec": spec})
+    return Resubmit(False, record, due - now.timestamp())
+
+
+def resubmitted(record: dict) -> str:
+    """The event of a resubmission."""
+    n = record["count"]
+    wait = RESUBMIT_WAITS_S[min(n, len(RESUBMIT_WAITS_S) - 1)]
+    return (f"the Spark application failed after the Spark Operator's retries: submitted again "
+            f"(resubmission {n} since it last ran {STEADY_S // 60} minutes); if it fails again, the next waits {wait}s")
+
+
+def resubmit_later(condition: Condition, r: Resubmit) -> Condition:
+    """ProcessingReady while a resubmission waits: the verdict's, and when it comes."""
+    return Condition(condition.type, condition.status, condition.reason,
+                     f"{condition.message}; it failed {r.record['count']} times since it last ran "
+                     f"{STEADY_S // 60} minutes, so that waits {r.wait_s:.0f}s more (the wait doubles up to "
+                     f"{RESUBMIT_WAITS_S[-1] // 60} minutes)")

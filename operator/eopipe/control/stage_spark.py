@@ -4,6 +4,8 @@ reads and writes the cluster. Returns the ProcessingReady condition."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from kubernetes import client
 
 from eopipe.control import sparkcrd, sparkstage, sparkstatus, sparkwrites, stage_nodes, stage_progress
@@ -68,8 +70,19 @@ def run(p: Pass) -> Condition:
     out.fields["sparkStall"] = sparkstatus.stall_record(verdict.stalled if verdict.recorded else None, key)
     if verdict.stalled is not None:
         out.stalled = verdict.stalled
-    if verdict.resubmit:
+    # A FAILED application is submitted again after a wait that grows while it keeps failing; an
+    # evicted one (COMPLETED) at once.
+    failed = verdict.resubmit and verdict.state == "FAILED"
+    again = sparkstage.resubmission((owner.get("status") or {}).get("sparkResubmits"), failed,
+                                    datetime.now(timezone.utc), verdict.state,
+                                    (((app or {}).get("status") or {}).get("lastSubmissionAttemptTime")), digest)
+    out.fields["sparkResubmits"] = again.record
+    if again.now:
+        out.events.append(("Warning", "SparkResubmitted", sparkstage.resubmitted(again.record)))
+    if again.now or (verdict.resubmit and not failed):
         _delete(plane.api, name, ns)
+    elif again.wait_s:
+        return sparkstage.resubmit_later(verdict.condition, again)
     if verdict.state == "RUNNING" and verdict.stalled is None:  # what the driver says of its query
         return stage_nodes.driver(p, drivers) or stage_progress.observe(p, drivers, verdict.condition, digest)
     return verdict.condition
