@@ -157,13 +157,18 @@ BATCH_DIRS = ("offsets", "commits", "state", "sources")
 def unplanned_leftovers(listing: Mapping[str, Iterable[str]]) -> list[str] | None:
     """What to remove from a checkpoint whose offset log holds no batch (`listing`: each of
     BATCH_DIRS there -> the names in it), as `dir/name`; None once a batch is logged (Spark
-    resumes it). A driver stopped while planning its first batch leaves `offsets/.0.<uuid>.tmp` (Hadoop's
-    write-then-rename; on S3 the rename is a copy) and the Kafka source's `sources/0/0`: Spark
+    resumes it). A driver stopped while planning its first batch leaves `offsets/.0.<uuid>.tmp`
+    (Hadoop's write-then-rename; on S3 the rename is a copy) and the Kafka source's `sources/0/0`: Spark
     then refuses every new start there (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), and a kept
     `sources/0/0` would replace the start planned here with that driver's."""
-    if any(not name.startswith(".") for name in listing.get("offsets", ())):
+    if _batch_logged(listing.get("offsets", ())):
         return None
     return [f"{d}/{name}" for d in BATCH_DIRS for name in sorted(listing.get(d, ()))]
+
+
+def _batch_logged(offsets: Iterable[str]) -> bool:
+    """A batch file in the offset log (Spark's temp and checksum files are hidden)."""
+    return any(not name.startswith(".") for name in offsets)
 
 
 def clear_unplanned_checkpoint(spark, location: str) -> tuple[bool, list[str]]:
@@ -173,12 +178,16 @@ def clear_unplanned_checkpoint(spark, location: str) -> tuple[bool, list[str]]:
     jvm = spark.sparkContext._jvm
     root = jvm.org.apache.hadoop.fs.Path(location.rstrip("/"))
     fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    listing = {}
-    for d in BATCH_DIRS:
+
+    def names(d: str) -> list[str]:
         path = jvm.org.apache.hadoop.fs.Path(root, d)
-        if fs.exists(path):
-            listing[d] = [s.getPath().getName() for s in fs.listStatus(path)]
-    gone = unplanned_leftovers(listing)
-    for rel in gone or ():
+        return [st.getPath().getName() for st in fs.listStatus(path)] if fs.exists(path) else []
+
+    # The offset log first: a checkpoint that has batches (every start but the first) reads no more.
+    offsets = names("offsets")
+    if _batch_logged(offsets):
+        return False, []
+    gone = unplanned_leftovers({"offsets": offsets, **{d: names(d) for d in BATCH_DIRS if d != "offsets"}}) or []
+    for rel in gone:
         fs.delete(jvm.org.apache.hadoop.fs.Path(root, rel), True)
-    return gone is not None, gone or []
+    return True, gone
