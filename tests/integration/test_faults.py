@@ -12,6 +12,7 @@ import json
 import signal
 import time
 from collections import Counter
+from datetime import datetime
 
 import pytest
 
@@ -40,18 +41,16 @@ def wait_committed_above(pipe: Pipeline, floor: int, timeout: float = 90) -> int
                          + "; ".join(w.tail() for w in pipe.workers))
 
 
-def watchdog_fired(w) -> list[dict]:
-    return [d for d in w.logs() if "did not return within" in json.dumps(d) or "Wedged" in json.dumps(d)]
-
-
 def test_blackholed_broker_connections_longer_than_transaction_timeout(pipe3, kafka3):
     """Every broker connection of the worker goes silent (toxiproxy `timeout` toxic, timeout=0:
     nothing passes, nothing is closed) for longer than its transaction timeout, under load, then
-    heals. The stalled commit is bounded by the transaction timeout and the partition replaces
-    its clients itself (no watchdog, no control-loop restart); output advances again."""
+    heals. A stalled commit is given up within the transaction timeout, or at the watchdog when
+    librdkafka's call outlives its own timeout (#5456, as a blackhole can make it), and the
+    partition replaces its clients itself (no control-loop restart); output advances again."""
     w = pipe3.worker([0, 1, 2], extra=["--transaction-timeout", "8"]).start().wait_ready()
     t, res = background_load(pipe3, 40_000, dup_ratio=0.3, rate=2000, seed=21)
     before = wait_committed_above(pipe3, 0)
+    cut_at = time.time()
     for p in kafka3.proxies.values():
         p.blackhole()
     time.sleep(14)  # > transaction.timeout.ms (8 s)
@@ -61,10 +60,13 @@ def test_blackholed_broker_connections_longer_than_transaction_timeout(pipe3, ka
     finish_load(t, res)
     pipe3.wait_drained()
     assert w.terminate() == 0, w.tail()
-    assert not watchdog_fired(w), watchdog_fired(w)
     stalls = [d for d in w.logs() if d.get("msg", "").startswith("transaction stalled")]
     assert stalls, "no commit stalled during the blackhole: " + w.tail()
-    assert not [d for d in w.logs() if d.get("msg") == "restarting failed partition"]
+    # A transaction open at the cut is given up by its deadline (8 s - 1 s) plus one attempt's
+    # 2 s under the watchdog's 10 s of grace (dedup/txn.py), a few seconds of slack on top.
+    first = min(datetime.fromisoformat(d["ts"].replace("Z", "+00:00")).timestamp() for d in stalls)
+    assert first - cut_at < 8 + 2 + 10 + 5, (first - cut_at, stalls[0])
+    assert not [d for d in w.logs() if d.get("msg") == "restarting failed partition"], w.tail()
     rep = pipe3.verify()
     assert_clean(rep)
     assert rep.out == res["unique"]
