@@ -16,7 +16,7 @@ import yaml
 from eopipe.core.names import LABEL_SPARK_SPEC
 from localenv import REPO_ROOT
 from localenv.argocd import NAMESPACE, ArgoCD, ArgoCDDaemon
-from localenv.node.__main__ import KUBECONFIG, forget_api_discovery, kill_container, kubectl_argv
+from localenv.node.__main__ import KUBECONFIG, forget_api_discovery, kubectl_argv
 from localenv.node.images import commit_app_image, commit_spark_image, tree_at
 from tests.helpers import nodetier
 from tests.helpers.nodepipes import (
@@ -87,11 +87,6 @@ def _rebalanced_by_commit(argo: ArgoCD, pipeline: str, what: str, via: tuple[str
     wait(lambda: settled(NS, NAME, before), 300, f"{NAME} settled after {what}")
     _health_until(argo, "Healthy", 120, what)
     return seen
-
-
-def _restarts(pod: str) -> int:
-    st = kubectl_json("-n", NS, "get", "pod", pod)["status"].get("containerStatuses") or [{}]
-    return st[0].get("restartCount", 0)
 
 
 def _resource(app: dict, kind: str, name: str) -> dict:
@@ -171,7 +166,6 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
       operator; the dedup pods roll, a driver of the new Spark image goes on from the checkpoint;
       the v1alpha1 manifest stays in sync against the upgraded CRD;
     - dedup.replicas 1 -> 3: the pipeline Progressing in Argo CD while partitions move, then Healthy;
-    - a dedup pod force-deleted, another's container killed under the kubelet; then 3 -> 2;
     - processing.sql with one more column: Progressing, then Healthy, the new column in the sink;
     - a change the operator cannot apply (the dedup claims' size): Degraded with the operator's
       reason and message, the pipeline running on as it was; the commit reverted: Healthy.
@@ -179,7 +173,8 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
     nothing twice, each malformed record dead-lettered. The pipeline's file removed
     from git: it stays (prune off for pipelines), OutOfSync and requiring pruning, until a
     person deletes it. Deleting the app-of-apps with Argo CD's cascade removes the operator and
-    leaves the CRD."""
+    leaves the CRD. Pod faults and scaling down are other tests' (the demo, test_node_loss.py,
+    test_rebalance.py): a commit here is what only Argo CD does."""
     t = time.monotonic()
     old_app, archive = commit_app_image(PREVIOUS)
     old_spark, spark_archive = commit_spark_image(PREVIOUS, node_tier["spark"])
@@ -265,22 +260,6 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
         seen = _rebalanced_by_commit(argo, pipeline_file(), "replicas 1 -> 3", via=("Progressing",))
         log(f"replicas 1 -> 3 in Argo CD: {' -> '.join(seen)}")
 
-        # Pod faults under the load: one dedup pod force-deleted, another's container killed
-        # under the kubelet; Argo CD has nothing to sync (the pods are the StatefulSet's).
-        kubectl("-n", NS, "delete", "pod", f"{NAME}-dedup-0", "--grace-period=0", "--force")
-        log(f"deleted pod {NAME}-dedup-0 (--grace-period=0 --force)")
-        time.sleep(4)
-        log(f"killed the container of {NAME}-dedup-1 under the kubelet: {kill_container(NS, f'{NAME}-dedup-1')[:12]}")
-        t = time.monotonic()
-        wait(lambda: _restarts(f"{NAME}-dedup-1") >= 1 and kubectl_json("-n", NS, "get", "statefulset", f"{NAME}-dedup")
-             ["status"].get("readyReplicas") == 3 and settled(NS, NAME) and _this_specs_query_runs(), 400,
-             "the pods back, the query running, the pipeline Ready")
-        _health_until(argo, "Healthy", 120, "after the pod faults")
-        log(f"pod faults: all back and Healthy in {time.monotonic() - t:.0f}s")
-
-        doc["spec"]["dedup"]["replicas"] = 2
-        _rebalanced_by_commit(argo, pipeline_file(), "replicas 3 -> 2")
-
         # A stateless SQL change: Progressing, then Healthy, the new column in the sink.
         doc["spec"]["processing"]["sql"] = SQL_V2
         _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: one more column", PIPELINES_APP)
@@ -299,7 +278,7 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
         assert "ApplyFailed" in h["message"] and f"StatefulSet {NAME}-dedup" in h["message"], h
         assert argo.app(PIPELINES_APP)["status"]["health"]["status"] == "Degraded"
         sts = kubectl_json("-n", NS, "get", "statefulset", f"{NAME}-dedup")
-        assert sts["status"].get("readyReplicas") == 2, sts["status"]  # running on as it was
+        assert sts["status"].get("readyReplicas") == 3, sts["status"]  # running on as it was
         doc["spec"]["dedup"]["storage"] = good
         sha = _push(argo, {PIPELINE_FILE: pipeline_file()}, f"{NAME}: revert the claims' size", PIPELINES_APP)
         _health_until(argo, "Healthy", 300, "the revert")
