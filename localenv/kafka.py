@@ -23,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-from localenv import REPO_ROOT, daemon
+from localenv import REPO_ROOT, daemon, quick_jit
 from localenv.daemon import free_port  # hack/demo.py imports it from here
 
 SESSION_TIMEOUT_MS = 3000
@@ -101,7 +101,7 @@ class KafkaBroker:
 
     def _java(self, main: str, *args: str, **kw) -> list[str]:
         return [
-            "java", "-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC",
+            "java", "-Xms256m", f"-Xmx{self.heap}", "-XX:+UseG1GC", *quick_jit(),
             f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.yaml'}",
             "-cp", f"{self.jars_dir}/*", main, *args,
         ]

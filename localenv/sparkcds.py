@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from localenv import REPO_ROOT
+from localenv import REPO_ROOT, quick_jit
 
 ENTRYPOINT = REPO_ROOT / "hack" / "spark" / "entrypoint.sh"
 TRAINING = REPO_ROOT / "hack" / "spark" / "cds-train.py"
@@ -66,5 +66,5 @@ def driver_env(archive_path: Path) -> dict[str, str]:
     """The environment that has a `python -m spark_app.main` driver (pyspark launches its JVM
     through spark-submit) map the archive."""
     cp = jars_classpath(_spark_home())
-    return {"SPARK_SUBMIT_OPTS": f"-XX:SharedArchiveFile={archive_path}",
+    return {"SPARK_SUBMIT_OPTS": " ".join([f"-XX:SharedArchiveFile={archive_path}", *quick_jit()]),
             "PYSPARK_SUBMIT_ARGS": f"--conf spark.driver.extraClassPath={cp} pyspark-shell"}

@@ -1,8 +1,13 @@
+import os
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+
+# The harness's brokers and local Spark drivers run C1 only (localenv.quick_jit): set before any
+# fixture starts one, and inherited by the node tier's start and `make demo` runs of the tests.
+os.environ.setdefault("EOPIPE_QUICK_JIT", "1")
 
 pytest_plugins = [
     "localenv.fixtures_kafka",

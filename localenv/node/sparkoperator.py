@@ -15,6 +15,8 @@ Settings (`values`, pure), and why:
 - the webhook on (the chart's default): on v2.5.2 spark-submit carries only `spark-local-dir-*`
   volumes; the webhook is what puts the checkpoint claim, the env list and the security contexts
   on the driver and executor pods (docs/install.md).
+- `SPARK_SUBMIT_OPTS` on the controller: C1 only and the serial collector for its spark-submit
+  JVMs, which live seconds (docs/install.md).
 - `EXTRA_RULES`: Spark 4 creates a NetworkPolicy in front of each driver at submission
   (NetworkPolicyFeatureStep, always on), which the chart's controller role does not grant; the
   install adds a ClusterRole for it, bound to the controller's ServiceAccount.
@@ -54,6 +56,12 @@ def chart_dir(version: str = VERSION) -> Path:
     return module_dir(version) / "charts" / "spark-operator-chart"
 
 
+# Each submission is a JVM of its own that lives seconds (it creates the driver pod and exits): C1
+# only and the serial collector spare the controller's node the compiling a long-lived JVM pays
+# for (docs/install.md).
+SUBMIT_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
 def values(image: str, webhook: bool = True) -> dict:
     """The chart's values for `image` (`<registry>/<repository>:<tag>`, as the node holds it)."""
     registry, rest = image.split("/", 1)
@@ -65,7 +73,8 @@ def values(image: str, webhook: bool = True) -> dict:
         # On node 0, the control plane's, as a cluster keeps its add-ons on nodes a test does not lose.
         "webhook": {"enable": webhook, "nodeSelector": ON_NODE_0},
         # Two cores: one replica each (the chart's default) with short leases.
-        "controller": {"leaderElection": {"leaseDuration": "15s"}, "nodeSelector": ON_NODE_0},
+        "controller": {"leaderElection": {"leaseDuration": "15s"}, "nodeSelector": ON_NODE_0,
+                       "env": [{"name": "SPARK_SUBMIT_OPTS", "value": SUBMIT_JVM}]},
         "prometheus": {"podMonitor": {"create": False}},
     }
 

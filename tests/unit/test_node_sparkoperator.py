@@ -63,6 +63,9 @@ def test_the_modules_chart_renders_our_deployments(tmp_path, webhook):
     for d in deployments.values():
         c = d["spec"]["template"]["spec"]["containers"][0]
         assert c["image"] == IMAGE and '--namespaces=""' in c["args"]
+    # The controller's env reaches the spark-submit it runs (exec with the parent's environment).
+    env = deployments[so.CONTROLLER]["spec"]["template"]["spec"]["containers"][0].get("env") or []
+    assert {"name": "SPARK_SUBMIT_OPTS", "value": so.SUBMIT_JVM} in env, env
     hooks = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
     assert len(hooks) == int(webhook)
     for h in hooks:  # every namespace: no namespaceSelector to keep a pipeline's pods out
