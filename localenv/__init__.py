@@ -9,9 +9,10 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def quick_jit() -> list[str]:
-    """JVM options for the harness's own short-lived JVMs (Kafka brokers, local Spark drivers)
-    when EOPIPE_QUICK_JIT=1, which the test suite sets (tests/conftest.py): C1 only. In a JVM
-    that lives minutes, C2's compiling was 40-60% of its CPU (a broker 48 s of 134 s, a driver 25
-    s of 63 s, thread CPU on the node tier); with C1 only, tests/integration/test_dedup_worker.py
-    took 116 s of CPU instead of 179. Benchmarks and `make demo` leave it unset: full JIT."""
+    """JVM options for the harness's own JVMs (Kafka brokers, the Spark tests' local drivers of
+    fixtures_spark) when EOPIPE_QUICK_JIT=1, which the test suite sets (tests/conftest.py): C1
+    only. In a JVM that lives minutes, compiling (C2 and C1) was 40-55% of its CPU (a broker 55 s
+    of 134 s, a driver 34 s of 63 s: thread CPU on the node tier); with C1 only,
+    tests/integration/test_dedup_worker.py took 116 s of CPU instead of 179. Benchmarks and
+    `make demo` leave it unset: full JIT."""
     return ["-XX:TieredStopAtLevel=1"] if os.environ.get("EOPIPE_QUICK_JIT") == "1" else []
