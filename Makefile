@@ -39,8 +39,9 @@ spark-jars: venv ## Spark's Kafka connector jars (Maven, cached)
 deps: venv kafka k8s tools spark-jars ## everything the tests and the demo need
 
 # The soak and the benchmarks' own runs are left out of `make test` (CI's time): `make soak`, `make test-bench`.
+# Short tracebacks: a failure's own lines come first in a CI log that is read in excerpts.
 test: deps ## the whole test suite: unit, integration (real Kafka, control plane, Spark), e2e, node tier and fault tests
-	EOPIPE_NODE_TESTS=1 $(PY) -m pytest -m "not bench" --ignore=tests/soak
+	EOPIPE_NODE_TESTS=1 $(PY) -m pytest -m "not bench" --ignore=tests/soak --tb=short
 
 test-unit: $(VENV)/.installed-unit ## the unit tier alone: no services, no Kafka, Java or Go (about two minutes)
 	$(PY) -m pytest tests/unit

@@ -134,12 +134,16 @@ class Pipeline:
             if self.committed_and_drained():
                 return
             time.sleep(0.5)
+        raise AssertionError(f"workers did not drain the source in {timeout}s; logs: " + self.stacks_and_tails())
+
+    def stacks_and_tails(self) -> str:
+        """Each running worker's thread stacks (faulthandler, into its log), then every log's tail:
+        what a test that waited in vain reports."""
         for w in self.workers:
             if w.running:
-                w.proc.send_signal(signal.SIGUSR1)  # thread stacks into the log
+                w.proc.send_signal(signal.SIGUSR1)
         time.sleep(1)
-        raise AssertionError(f"workers did not drain the source in {timeout}s; logs: "
-                             + "; ".join(w.tail() for w in self.workers if w.proc))
+        return "; ".join(w.tail() for w in self.workers if w.proc)
 
     def verify(self, **kw):
         rep = verify(self.bootstrap, self.source, self.output, key_spec=KeySpec(), dlq_topic=self.dlq,

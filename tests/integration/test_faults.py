@@ -38,8 +38,7 @@ def wait_committed_above(pipe: Pipeline, floor: int, timeout: float = 90) -> int
         if n > floor:
             return n
         time.sleep(0.5)
-    raise AssertionError(f"committed offsets stuck at {floor} for {timeout}s; "
-                         + "; ".join(w.tail() for w in pipe.workers))
+    raise AssertionError(f"committed offsets stuck at {floor} for {timeout}s; " + pipe.stacks_and_tails())
 
 
 def test_blackholed_broker_connections_longer_than_transaction_timeout(pipe3, kafka3):
