@@ -22,6 +22,7 @@ from confluent_kafka import KafkaException, Producer
 from eopipe.core import partitioner as partitioners
 
 PACE_S = 0.005
+MESSAGE_TIMEOUT_S = 300  # message.timeout.ms (librdkafka's default): a first record waits no longer
 
 
 def _with_id(eid: str, id_at: tuple[str, ...]) -> dict:
@@ -82,6 +83,13 @@ def send(producer: Producer, topic: str, **record) -> None:
             producer.poll(0.05)
 
 
+def _raise_if_undelivered(remaining: int, failed: list[str], which: str = "") -> None:
+    """Counts of what was sent would overstate what the topic holds: say so rather than return them."""
+    if remaining or failed:
+        raise RuntimeError(f"{remaining + len(failed)} records not delivered{which}"
+                           + (f", e.g. {failed[0]}" if failed else ""))
+
+
 def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
              wrong_partition_ratio: float = 0.05, poison: int = 0, partitioner: str = "murmur2",
              rate: float | None = None, seed: int | None = None,
@@ -96,7 +104,8 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
     part = partitioners.get(partitioner)
     # Reports of failed deliveries only: no Python callback for each record delivered.
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
-                         "delivery.report.only.error": True, **(producer_config or {})})
+                         "delivery.report.only.error": True, "message.timeout.ms": MESSAGE_TIMEOUT_S * 1000,
+                         **(producer_config or {})})
     partitions = _partition_count(producer, topic)
 
     failed: list[str] = []
@@ -112,10 +121,9 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
         if partition not in first_written:
             # A partition's first record alone, delivered before the next: librdkafka (2.16) can
             # take a first batch refused with "not leader" (a topic just made) as written when a
-            # later batch succeeds, a record lost with no error (confluent-kafka-go #921).
-            if producer.flush(60) or failed:
-                raise RuntimeError(f"the first record to partition {partition} was not delivered"
-                                   + (f": {failed[0]}" if failed else ""))
+            # later batch succeeds, a record lost with no error (confluent-kafka-go #921). Waited
+            # for until delivered or failed (message.timeout.ms), as a broker that restarts needs.
+            _raise_if_undelivered(producer.flush(MESSAGE_TIMEOUT_S + 10), failed, f" (partition {partition}'s first)")
             first_written.add(partition)
 
     sent: list[tuple[bytes, bytes, int]] = []
@@ -155,10 +163,6 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
         if progress and time.monotonic() - last_report >= 1:
             last_report = time.monotonic()
             progress(dict(stats, seconds=last_report - t0, total=count + poison))
-    remaining = producer.flush(120)
-    if remaining or failed:
-        # The counts above would overstate what the topic holds: say so rather than return them.
-        raise RuntimeError(f"{remaining + len(failed)} records not delivered"
-                           + (f", e.g. {failed[0]}" if failed else ""))
+    _raise_if_undelivered(producer.flush(120), failed)
     stats["seconds"] = time.monotonic() - t0
     return stats
