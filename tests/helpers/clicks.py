@@ -11,15 +11,14 @@ import sys
 import time
 import uuid
 
-from confluent_kafka import Producer
-
 from eopipe.core.partitioner import get
+from eopipe.tools.loadgen import Sender
 
 
 def main(bootstrap: str, topic: str, count: int, rate: float, seed: int) -> dict:
     rng, place = random.Random(seed), get("murmur2")
-    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
-    partitions = len(p.list_topics(topic, timeout=30).topics[topic].partitions)
+    out = Sender(bootstrap, topic)
+    partitions = len(out.producer.list_topics(topic, timeout=30).topics[topic].partitions)
     sent, expected, t0, n = [], [], time.monotonic(), 0
     while n < count:
         if sent and rng.random() < 0.25:
@@ -31,13 +30,12 @@ def main(bootstrap: str, topic: str, count: int, rate: float, seed: int) -> dict
             if page is not None:
                 expected.append(f"u-{i}")
             sent.append((eid, value))
-        p.produce(topic, key=eid.encode(), value=value, headers=[("event-id", eid.encode())],
-                  partition=place(eid.encode(), partitions))
-        p.poll(0)
+        out.send(place(eid.encode(), partitions), key=eid.encode(), value=value, headers=[("event-id", eid.encode())])
+        out.producer.poll(0)
         n += 1
         if (ahead := n / rate - (time.monotonic() - t0)) > 0:
             time.sleep(ahead)
-    assert p.flush(120) == 0, "clicks not delivered"
+    out.finish()
     return {"records": n, "clicks": len(sent), "expected": expected}
 
 

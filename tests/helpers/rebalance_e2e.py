@@ -11,32 +11,11 @@ import urllib.request
 from eopipe.core.names import deduped_topic, dlq_topic
 from localenv.fixtures_operator import wait_for
 from tests.helpers.pipelines import condition, example_manifest, get_pipeline, kubectl_apply
-from tests.helpers.workers import Pipeline
+from tests.helpers.workers import Pipeline, resend_all_to  # noqa: F401 - the e2e tests' import
 
 
 def wait_until(fn, timeout=90, what="condition", interval=0.3):
     return wait_for(fn, timeout, interval, what)
-
-
-def resend_all_to(bootstrap: str, topic: str, partitions: int) -> int:
-    """Every keyed record of the topic once more, to its home by the CURRENT count."""
-    from confluent_kafka import Producer
-
-    from eopipe.core import partitioner
-    from eopipe.tools.verify import TopicReader
-
-    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
-    seen, n = set(), 0
-    for m in TopicReader(bootstrap).read(topic, timeout=120):
-        if not m.key() or m.key() in seen:
-            continue
-        seen.add(m.key())
-        prod.produce(topic, m.value(), m.key(), partitioner.murmur2_partition(m.key(), partitions),
-                     timestamp=m.timestamp()[1])
-        prod.poll(0)
-        n += 1
-    assert prod.flush(60) == 0
-    return n
 
 
 class Load:

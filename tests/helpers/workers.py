@@ -18,14 +18,14 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.common import json_log
 from eopipe.core import partitioner
 from eopipe.core.keys import KeySpec
 from eopipe.core.names import consumer_group
-from eopipe.tools.loadgen import run_load
+from eopipe.tools.loadgen import Sender, run_load
 from eopipe.tools.verify import TopicReader, transient, verify
 
 REPO = Path(__file__).resolve().parents[2]
@@ -280,20 +280,24 @@ def assert_clean(rep, poison: int = 0) -> None:
 
 
 def resend_all(pipe: Pipeline) -> int:
-    """Re-sends every keyed source record once more, to its home partition: a worst-case
-    redelivery. Any key the state forgot then shows up as a duplicate in verify."""
-    prod = Producer({"bootstrap.servers": pipe.bootstrap, "linger.ms": 5, "enable.idempotence": True})
-    n = 0
-    seen = set()
-    for m in TopicReader(pipe.bootstrap).read(pipe.source, timeout=120):
+    """Re-sends every keyed source record once more, to its home partition (resend_all_to)."""
+    return resend_all_to(pipe.bootstrap, pipe.source, pipe.partitions)
+
+
+def resend_all_to(bootstrap: str, topic: str, partitions: int) -> int:
+    """Every keyed record of the topic once more, to its home by the CURRENT count: a worst-case
+    redelivery (a key the state forgot shows up as a duplicate in verify). Returns how many."""
+    out = Sender(bootstrap, topic)
+    seen, n = set(), 0
+    for m in TopicReader(bootstrap).read(topic, timeout=120):
         if not m.key() or m.key() in seen:
             continue
         seen.add(m.key())
-        prod.produce(pipe.source, m.value(), m.key(), partitioner.murmur2_partition(m.key(), pipe.partitions),
-                     timestamp=m.timestamp()[1])
-        prod.poll(0)
+        out.send(partitioner.murmur2_partition(m.key(), partitions), value=m.value(), key=m.key(),
+                 timestamp=m.timestamp()[1])
+        out.producer.poll(0)
         n += 1
-    assert prod.flush(60) == 0
+    out.finish(60)
     return n
 
 

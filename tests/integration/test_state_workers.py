@@ -78,9 +78,8 @@ def test_a_changed_window_keeps_its_promise(pipe):
     catches a duplicate the old one had already forgotten (its coverage is scanned from the
     source), a shorter one lets through a duplicate beyond it and still catches one inside it
     stored in a segment of the old length; nothing lost. Counted on the output topic."""
-    from confluent_kafka import Producer
-
     from eopipe.core.partitioner import murmur2_partition
+    from eopipe.tools.loadgen import Sender
     from eopipe.tools.verify import TopicReader
 
     ten = 10 * MIN
@@ -90,14 +89,12 @@ def test_a_changed_window_keeps_its_promise(pipe):
     for name in ("A", "B", "C", "F", "G", "head", "p1", "p2"):  # the others' home is partition 0
         keys[name] = next(k for i in range(1000)
                           if murmur2_partition(k := f"{name}-{i}".encode(), 3) == home.get(name, 0))
-    prod = Producer({"bootstrap.servers": pipe.bootstrap, "enable.idempotence": True})
-    failed = []
+    out = Sender(pipe.bootstrap, pipe.source)
 
     def send(*records):
         for name, ago in records:
-            prod.produce(pipe.source, b"v", keys[name], home.get(name, 0), timestamp=head - ago,
-                         on_delivery=lambda err, _m: err and failed.append(err))
-        assert prod.flush(30) == 0 and not failed, failed
+            out.send(home.get(name, 0), value=b"v", key=keys[name], timestamp=head - ago)
+        out.finish(30)
         pipe.wait_drained()
 
     def run(window: str):

@@ -83,11 +83,40 @@ def send(producer: Producer, topic: str, **record) -> None:
             producer.poll(0.05)
 
 
-def _raise_if_undelivered(remaining: int, failed: list[str], which: str = "") -> None:
-    """Counts of what was sent would overstate what the topic holds: say so rather than return them."""
-    if remaining or failed:
-        raise RuntimeError(f"{remaining + len(failed)} records not delivered{which}"
-                           + (f", e.g. {failed[0]}" if failed else ""))
+class Sender:
+    """An idempotent producer's sends to one topic, each partition's first record alone: sent,
+    then waited for until delivered or failed (message.timeout.ms) before the next. librdkafka
+    (2.16) can take a first batch refused as "not leader" (a topic or partition made a moment
+    earlier) as written when a later batch to the partition succeeds: a record lost with no error
+    (confluent-kafka-go #921). Failed deliveries are counted; `finish` raises on any."""
+
+    def __init__(self, bootstrap: str, topic: str, producer_config: dict | None = None):
+        # Reports of failed deliveries only: no Python callback for each record delivered.
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
+                                  "delivery.report.only.error": True, "message.timeout.ms": MESSAGE_TIMEOUT_S * 1000,
+                                  **(producer_config or {})})
+        self.topic = topic
+        self.failed: list[str] = []
+        self._first_written: set[int] = set()
+
+    def _delivered(self, err, _msg) -> None:
+        if err is not None:
+            self.failed.append(str(err))
+
+    def send(self, partition: int, **record) -> None:
+        send(self.producer, self.topic, partition=partition, on_delivery=self._delivered, **record)
+        if partition not in self._first_written:
+            self._raise_if_undelivered(self.producer.flush(MESSAGE_TIMEOUT_S + 10), f" (partition {partition}'s first)")
+            self._first_written.add(partition)
+
+    def finish(self, timeout: float = 120) -> None:
+        self._raise_if_undelivered(self.producer.flush(timeout))
+
+    def _raise_if_undelivered(self, remaining: int, which: str = "") -> None:
+        """A count of what was sent would overstate what the topic holds: say so rather than return it."""
+        if remaining or self.failed:
+            raise RuntimeError(f"{remaining + len(self.failed)} records not delivered{which}"
+                               + (f", e.g. {self.failed[0]}" if self.failed else ""))
 
 
 def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
@@ -102,29 +131,9 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
         raise ValueError("dup_ratio must be in [0, 1) and wrong_partition_ratio in [0, 1]")
     rng = random.Random(seed)
     part = partitioners.get(partitioner)
-    # Reports of failed deliveries only: no Python callback for each record delivered.
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
-                         "delivery.report.only.error": True, "message.timeout.ms": MESSAGE_TIMEOUT_S * 1000,
-                         **(producer_config or {})})
+    out = Sender(bootstrap, topic, producer_config)
+    producer, emit = out.producer, out.send
     partitions = _partition_count(producer, topic)
-
-    failed: list[str] = []
-
-    def delivered(err, _msg) -> None:
-        if err is not None:
-            failed.append(str(err))
-
-    first_written: set[int] = set()
-
-    def emit(partition: int, **record) -> None:
-        send(producer, topic, partition=partition, on_delivery=delivered, **record)
-        if partition not in first_written:
-            # A partition's first record alone, delivered before the next: librdkafka (2.16) can
-            # take a first batch refused with "not leader" (a topic just made) as written when a
-            # later batch succeeds, a record lost with no error (confluent-kafka-go #921). Waited
-            # for until delivered or failed (message.timeout.ms), as a broker that restarts needs.
-            _raise_if_undelivered(producer.flush(MESSAGE_TIMEOUT_S + 10), failed, f" (partition {partition}'s first)")
-            first_written.add(partition)
 
     sent: list[tuple[bytes, bytes, int]] = []
     stats = {"records": 0, "unique": 0, "duplicates": 0, "wrong_partition": 0, "poison": 0}
@@ -163,6 +172,6 @@ def run_load(bootstrap: str, topic: str, count: int, *, dup_ratio: float = 0.2,
         if progress and time.monotonic() - last_report >= 1:
             last_report = time.monotonic()
             progress(dict(stats, seconds=last_report - t0, total=count + poison))
-    _raise_if_undelivered(producer.flush(120), failed)
+    out.finish()
     stats["seconds"] = time.monotonic() - t0
     return stats
