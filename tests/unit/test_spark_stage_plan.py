@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from eopipe.control import sparkstage
 from eopipe.control.sparkstage import APPLY, DELETE, NONE, WAIT, Facts, driver_selector, plan, resubmission
 
 LIVE = {"metadata": {"name": "p-spark"}, "status": {"applicationState": {"state": "RUNNING"}}}
@@ -92,3 +93,23 @@ def test_a_failed_application_is_resubmitted_after_a_growing_wait(recorded, fail
     submitted = submitted_s if submitted_s is None or isinstance(submitted_s, str) else _at(submitted_s)
     r = resubmission(recorded, failed, T0 + timedelta(seconds=now_s), state, submitted, "s1")
     assert (r.now, r.record, round(r.wait_s, 3)) == (now, record, wait)
+
+
+# -- executor pods a replaced driver left (sparkstage.left_behind) ---------------------------------
+def _executor(name, phase="Running", controlled=False, deleting=False, of_app=True):
+    return sparkstage.Executor(name=name, uid=f"uid-{name}", phase=phase, controlled=controlled, of_app=of_app,
+                               deleting=deleting)
+
+
+@pytest.mark.parametrize("executors, removed", [
+    ((), ()),
+    ((_executor("live", controlled=True),), ()),                      # its driver pod is its controller
+    ((_executor("orphan"),), ("orphan",)),                            # the driver's reference dropped by GC
+    ((_executor("orphan", phase="Pending"),), ("orphan",)),
+    ((_executor("done", phase="Succeeded"), _executor("failed", phase="Failed")), ()),  # runs nothing
+    ((_executor("going", deleting=True),), ()),                       # already being deleted
+    ((_executor("labelled", of_app=False),), ()),                     # a tenant's pod with the labels only
+    ((_executor("live", controlled=True), _executor("old-1"), _executor("old-2")), ("old-1", "old-2")),
+])
+def test_executors_whose_driver_is_gone_are_removed(executors, removed):
+    assert tuple(e.name for e in sparkstage.left_behind(executors)) == removed

@@ -30,6 +30,32 @@ def driver_selector(app_name: str) -> str:
     return f"spark-role=driver,sparkoperator.k8s.io/app-name={app_name}"
 
 
+def executor_selector(app_name: str) -> str:
+    return f"spark-role=executor,sparkoperator.k8s.io/app-name={app_name}"
+
+
+@dataclass(frozen=True)
+class Executor:
+    name: str
+    uid: str
+    phase: str                  # status.phase
+    controlled: bool            # an ownerReference with controller: true (its driver pod)
+    of_app: bool                # an ownerReference to this SparkApplication (by uid)
+    deleting: bool              # deletionTimestamp set
+
+
+def left_behind(executors: tuple[Executor, ...]) -> tuple[Executor, ...]:
+    """The executor pods a replaced driver left: Spark makes its driver pod their controller, and
+    the Spark Operator (v2.5.2) adds the SparkApplication as a second owner, not a controller
+    (kubeflow/spark-operator#2961). When the driver pod is deleted, Kubernetes' garbage collector
+    drops its reference but keeps the pod for the other owner: no driver uses it any more, and
+    `kubectl drain` refuses a pod without a controller. Only a pod the SparkApplication owns (which
+    the garbage collector deletes with it anyway: no pod a tenant merely labelled); finished or
+    already deleting: left alone."""
+    return tuple(e for e in executors
+                 if e.of_app and not e.controlled and not e.deleting and e.phase not in _DONE_PHASES)
+
+
 @dataclass(frozen=True)
 class Facts:
     paused: bool

@@ -11,6 +11,7 @@ from kubernetes import client
 from eopipe.control import sparkcrd, sparkstage, sparkstatus, sparkwrites, stage_nodes, stage_progress
 from eopipe.control.builders import checkpoint, spark
 from eopipe.control.builders.pipeline import processing_objects
+from eopipe.control.kube import delete_by_uid
 from eopipe.control.ownership import CONFLICT, ObjectConflict, decide
 from eopipe.control.passctx import Pass
 from eopipe.control.status import PROCESSING, Condition
@@ -43,6 +44,8 @@ def run(p: Pass) -> Condition:
     if app is not None and decide(app["metadata"], owner["metadata"]["uid"]) == CONFLICT:
         raise ObjectConflict("SparkApplication", ns, name)  # before the plan may delete it
     drivers = plane.core.list_namespaced_pod(ns, label_selector=sparkstage.driver_selector(name)).items
+    if app is not None:
+        _remove_left_behind(p, name, app["metadata"]["uid"])
     claim = checkpoint.claim_name(names)
     where = spark.checkpoint_location(proc.checkpoint.location(names.pipeline), record["generation"]) + (
         f" on claim {claim}" if claim else "")
@@ -86,6 +89,23 @@ def run(p: Pass) -> Condition:
     if verdict.state == "RUNNING" and verdict.stalled is None:  # what the driver says of its query
         return stage_nodes.driver(p, drivers) or stage_progress.observe(p, drivers, verdict.condition, digest)
     return verdict.condition
+
+
+def _remove_left_behind(p: Pass, app_name: str, app_uid: str) -> None:
+    """Deletes the executor pods whose driver pod is gone (sparkstage.left_behind), each by its
+    uid, with a Normal event."""
+    ns = p.names.namespace
+    pods = p.plane.core.list_namespaced_pod(ns, label_selector=sparkstage.executor_selector(app_name)).items
+    for e in sparkstage.left_behind(tuple(sparkstage.Executor(
+            name=pod.metadata.name, uid=pod.metadata.uid, phase=(pod.status.phase if pod.status else None) or "Pending",
+            controlled=any(r.controller for r in pod.metadata.owner_references or ()),
+            of_app=any(r.uid == app_uid for r in pod.metadata.owner_references or ()),
+            deleting=pod.metadata.deletion_timestamp is not None) for pod in pods)):
+        uid = client.V1Preconditions(uid=e.uid)
+        delete_by_uid(lambda e=e, uid=uid: p.plane.core.delete_namespaced_pod(
+            e.name, ns, body=client.V1DeleteOptions(preconditions=uid)))
+        p.out.events.append(("Normal", "SparkExecutorRemoved",
+                             f"deleted executor pod {e.name}: its driver pod is gone (no controller left)"))
 
 
 def _delete(api: client.ApiClient, name: str, namespace: str) -> None:
