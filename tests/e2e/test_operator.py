@@ -395,9 +395,30 @@ def test_spark_application_state_maps_to_processing_ready(operator, kube_api, ka
             "sparkoperator.k8s.io", "v1beta2", ns, "sparkapplications", "payments-spark",
             {"status": {"applicationState": {"state": state, "errorMessage": message}}})
 
+    # Executor pods as the Spark Operator makes them (the SparkApplication a non-controller owner):
+    # one whose driver pod is gone (no controller left), one with its driver pod as controller,
+    # and one that only carries the labels. The pass the state change below makes deletes the
+    # first alone.
+    core = client.CoreV1Api(kube_api)
+    app_ref = {"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
+               "name": "payments-spark", "uid": app["metadata"]["uid"]}
+    driver = core.create_namespaced_pod(ns, _pod("stand-in-driver", {"spark-role": "driver"}, []))
+    _executor = lambda name, refs: core.create_namespaced_pod(ns, _pod(name, {  # noqa: E731
+        "spark-role": "executor", "sparkoperator.k8s.io/app-name": "payments-spark"}, refs))
+    _executor("left-exec-1", [app_ref])
+    _executor("live-exec-1", [app_ref, {"apiVersion": "v1", "kind": "Pod", "name": driver.metadata.name,
+                                        "uid": driver.metadata.uid, "controller": True}])
+    _executor("labelled-exec-1", [])
+
     set_state("RUNNING")
     obj = wait_for(lambda: ready_pipeline(kube_api, ns, "payments"), 120, what="Ready once Spark runs")
     assert obj["status"]["sparkApplicationState"] == "RUNNING"
+    left = {p.metadata.name for p in core.list_namespaced_pod(ns, label_selector="spark-role=executor").items
+            if p.metadata.deletion_timestamp is None}
+    assert left == {"live-exec-1", "labelled-exec-1"}, left
+    removed = [e.message for e in core.list_namespaced_event(
+        ns, field_selector="involvedObject.name=payments").items if e.reason == "SparkExecutorRemoved"]
+    assert len(removed) == 1 and "left-exec-1" in removed[0], removed
     failed_uid = app["metadata"]["uid"]
     set_state("FAILED", "driver OOMKilled")
     obj = wait_for(lambda: (o := get_pipeline(kube_api, ns, "payments")) and
@@ -415,6 +436,15 @@ def test_spark_application_state_maps_to_processing_ready(operator, kube_api, ka
     told = [e.message for e in client.CoreV1Api(kube_api).list_namespaced_event(
         ns, field_selector="involvedObject.name=payments").items if e.reason == "SparkResubmitted"]
     assert len(told) == 1 and "resubmission 1 " in told[0], told
+
+
+def _pod(name: str, labels: dict, owners: list) -> dict:
+    """A pod that runs (the node agent runs its command as a local process), within the restricted profile."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels, "ownerReferences": owners},
+            "spec": {"containers": [{"name": "c", "image": "localhost/none:0", "command": ["sleep", "600"],
+                                     "securityContext": {
+                "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+                "seccompProfile": {"type": "RuntimeDefault"}}}]}}
 
 
 def _spark_app(custom, ns):
