@@ -31,7 +31,6 @@ def main(bootstrap: str, topic: str, count: int, rate: float, seed: int) -> dict
                 expected.append(f"u-{i}")
             sent.append((eid, value))
         out.send(place(eid.encode(), partitions), key=eid.encode(), value=value, headers=[("event-id", eid.encode())])
-        out.producer.poll(0)
         n += 1
         if (ahead := n / rate - (time.monotonic() - t0)) > 0:
             time.sleep(ahead)

@@ -295,7 +295,6 @@ def resend_all_to(bootstrap: str, topic: str, partitions: int) -> int:
         seen.add(m.key())
         out.send(partitioner.murmur2_partition(m.key(), partitions), value=m.value(), key=m.key(),
                  timestamp=m.timestamp()[1])
-        out.producer.poll(0)
         n += 1
     out.finish(60)
     return n

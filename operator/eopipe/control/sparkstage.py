@@ -30,8 +30,9 @@ def driver_selector(app_name: str) -> str:
     return f"spark-role=driver,sparkoperator.k8s.io/app-name={app_name}"
 
 
-def executor_selector(app_name: str) -> str:
-    return f"spark-role=executor,sparkoperator.k8s.io/app-name={app_name}"
+def app_pods_selector(app_name: str) -> str:
+    """The application's driver and executor pods (their `spark-role` label tells which)."""
+    return f"sparkoperator.k8s.io/app-name={app_name}"
 
 
 @dataclass(frozen=True)

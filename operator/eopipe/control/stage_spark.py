@@ -43,9 +43,11 @@ def run(p: Pass) -> Condition:
     app = plane.applier.get(SPARK_API, "SparkApplication", name, ns)
     if app is not None and decide(app["metadata"], owner["metadata"]["uid"]) == CONFLICT:
         raise ObjectConflict("SparkApplication", ns, name)  # before the plan may delete it
-    drivers = plane.core.list_namespaced_pod(ns, label_selector=sparkstage.driver_selector(name)).items
+    pods = plane.core.list_namespaced_pod(ns, label_selector=sparkstage.app_pods_selector(name)).items
+    drivers = [pod for pod in pods if (pod.metadata.labels or {}).get("spark-role") == "driver"]
     if app is not None:
-        _remove_left_behind(p, name, app["metadata"]["uid"])
+        _remove_left_behind(p, [pod for pod in pods if (pod.metadata.labels or {}).get("spark-role") == "executor"],
+                            app["metadata"]["uid"])
     claim = checkpoint.claim_name(names)
     where = spark.checkpoint_location(proc.checkpoint.location(names.pipeline), record["generation"]) + (
         f" on claim {claim}" if claim else "")
@@ -91,11 +93,10 @@ def run(p: Pass) -> Condition:
     return verdict.condition
 
 
-def _remove_left_behind(p: Pass, app_name: str, app_uid: str) -> None:
+def _remove_left_behind(p: Pass, pods: list, app_uid: str) -> None:
     """Deletes the executor pods whose driver pod is gone (sparkstage.left_behind), each by its
     uid, with a Normal event."""
     ns = p.names.namespace
-    pods = p.plane.core.list_namespaced_pod(ns, label_selector=sparkstage.executor_selector(app_name)).items
     for e in sparkstage.left_behind(tuple(sparkstage.Executor(
             name=pod.metadata.name, uid=pod.metadata.uid, phase=(pod.status.phase if pod.status else None) or "Pending",
             controlled=any(r.controller for r in pod.metadata.owner_references or ()),
