@@ -223,7 +223,12 @@ class WorkerProc:
 
     def terminate(self, timeout: float = 60) -> int:
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # its thread stacks, into its log
+            time.sleep(1)
+            raise AssertionError(f"worker did not stop in {timeout}s after SIGTERM: {self.tail(80)}") from None
 
     def wait_exit(self, timeout: float) -> int:
         return self.proc.wait(timeout)

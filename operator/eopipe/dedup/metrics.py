@@ -1,7 +1,10 @@
-"""The worker's Prometheus metrics (one CollectorRegistry per worker) and its liveness beat."""
+"""The worker's Prometheus metrics (one CollectorRegistry per worker), its liveness beat and
+its stall dump."""
 
 from __future__ import annotations
 
+import faulthandler
+import sys
 import threading
 import time
 
@@ -104,6 +107,27 @@ class Totals:
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(self._n)
+
+
+class StallDump:
+    """Every thread's stack on stderr once the control loop has not called arm() for `after`
+    seconds. faulthandler's watchdog thread needs no GIL, so a call that holds it and never
+    returns shows too. Re-armed at most every `after / 6` s: each arm starts a thread."""
+
+    def __init__(self, after: float, file=None):
+        self.after = after
+        self.file = file
+        self._armed = float("-inf")
+
+    def arm(self) -> None:
+        now = time.monotonic()
+        if now - self._armed >= self.after / 6:
+            faulthandler.dump_traceback_later(self.after, file=self.file or sys.stderr)
+            self._armed = now
+
+    def cancel(self) -> None:
+        faulthandler.cancel_dump_traceback_later()
+        self._armed = float("-inf")
 
 
 class Heartbeat:

@@ -14,7 +14,6 @@ import gc
 import logging
 import os
 import signal
-import threading
 import time
 from logging import INFO, WARNING
 
@@ -29,7 +28,7 @@ from eopipe.dedup.context import PartitionContext
 from eopipe.dedup.faults import FaultHook
 from eopipe.dedup.http import HttpServer
 from eopipe.dedup.logs import event
-from eopipe.dedup.metrics import Heartbeat, Metrics
+from eopipe.dedup.metrics import Heartbeat, Metrics, StallDump
 from eopipe.dedup.outgoing import Outgoing, Ownership
 from eopipe.dedup.partition import PartitionRunner
 from eopipe.dedup.store import StateStore
@@ -82,7 +81,7 @@ class Worker:
                                         fault=self.fault, assignment=lambda: self.assignment,
                                         home_count=self.home_count, read_assignment=self.assignments.read)
         self._stuck: list[PartitionRunner] = []
-        self._halt = threading.Event()
+        self._stop = False  # set by SIGTERM, SIGINT
         self._restart_at: dict[int, float] = {}
         self.http: HttpServer | None = None
 
@@ -96,7 +95,7 @@ class Worker:
 
     # -- readiness / status ------------------------------------------------------------------
     def ready(self) -> bool:
-        return (not self._halt.is_set() and self.generation is not None
+        return (not self._stop and self.generation is not None
                 and all(p in self.runners and self.runners[p].state is PartitionState.RUNNING for p in self.runnable()))
 
     def paused(self) -> bool:
@@ -114,8 +113,11 @@ class Worker:
                          counts=self.metrics.totals.snapshot())
 
     def request_stop(self, *_args) -> None:
-        self._halt.set()
-        self.assignments.changed.set()
+        """SIGTERM, SIGINT. A flag only, read by the loop within a TICK: a Python signal handler
+        runs on the main thread between two of its bytecodes, maybe inside the Event.wait below
+        holding that Event's lock, and setting that Event would wait for itself
+        (python/cpython#126434)."""
+        self._stop = True
 
     # -- control loop -----------------------------------------------------------------------
     def run(self) -> int:
@@ -140,15 +142,24 @@ class Worker:
         if cfg.token is None:
             event(log, WARNING, "no token: state transfer " + ("served OPEN (--insecure-state-endpoints)" if cfg.insecure_state_endpoints
                                                  else "refused; moved partitions are rebuilt from the source"))
-        while not self._halt.is_set():
+        # A control loop silent for half the liveness limit leaves its threads' stacks in the
+        # log: what a probe's restart alone would not tell.
+        stall = StallDump(self.heartbeat.max_silence / 2)
+        retry_at = 0.0
+        while not self._stop:
+            stall.arm()
+            if time.monotonic() < retry_at:
+                time.sleep(TICK)
+                continue
             try:
                 self.source.refresh()
                 break
             except Exception as e:  # noqa: BLE001
                 event(log, WARNING, "waiting for the source topic", error=str(e))
-                self._halt.wait(2)
+                retry_at = time.monotonic() + 2
         next_meta = time.monotonic() + cfg.metadata_refresh_seconds
-        while not self._halt.is_set():
+        while not self._stop:
+            stall.arm()
             self.heartbeat.beat()
             self._follow_assignment()
             if time.monotonic() >= next_meta:
@@ -181,6 +192,7 @@ class Worker:
         else:
             self.store.close()
         self.http.stop()
+        stall.cancel()
         event(log, INFO, "dedup worker stopped",
               partitions={p: r.committed for p, r in self.runners.items()})
         return 0
