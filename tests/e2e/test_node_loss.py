@@ -363,7 +363,13 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
     timings = _timings(samples, at)
     # Measured, not asserted: the verdict is the verify's (bench.node_faults shows a None as FAILED).
     log(f"timings (bench.node_faults):\n{node_faults.table(timings)}")
-    assert settled(ns, name), "the pipeline not Ready at the end"
+    # Ready again within a bound, not at one instant: a CI rehearsal (81511b5) found it not Ready
+    # here, after it had settled, and the reason was not kept: the message now carries the status.
+    try:
+        wait(lambda: settled(ns, name), 300, "the pipeline Ready at the end")
+    except AssertionError as e:
+        st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}
+        raise AssertionError(f"{e}: {json.dumps({k: st.get(k) for k in ('phase', 'conditions', 'rebalance')})}") from None
     rep = verify_both_stages(ns, name, src, sink)["dedup stage"]
     assert rep["unique_in"] == sent["unique"] and rep["malformed_in"] == rep["dead_lettered"] == 10, rep
     if os.environ.get(node_faults.OUT_ENV):  # bench.node_faults' numbers: only from a verified run
