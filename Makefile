@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 export EOPIPE_CACHE ?= $(HOME)/.cache/eopipe
+comma := ,
 
 .PHONY: help deps venv kafka k8s tools spark-jars test test-unit test-integration test-e2e test-bench test-fast test-node cluster cluster-down soak demo bench bench-peers kind-e2e clean
 
@@ -11,16 +12,22 @@ help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 # Two stamps: the unit tier needs only the package and pytest; the rest adds Spark and plots.
-$(VENV)/.installed-unit: pyproject.toml operator/eopipe/core/native.pyx
+# Each is one `pip install -e` (one build of the compiled module, some 40 s): the full one
+# stamps both, so `make test` on a fresh clone builds it once.
+define pip_install
 	@echo "==> Python virtualenv $(VENV) (pip's cache makes later runs quick)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -qq -e '.[test]'
+	$(PY) -m pip install -qq -e '.[$(1)]'
+endef
+
+$(VENV)/.installed-unit: pyproject.toml operator/eopipe/core/native.pyx
+	$(call pip_install,test)
 	@touch $@
 
-$(VENV)/.installed: $(VENV)/.installed-unit
-	$(PY) -m pip install -qq -e '.[test,spark,bench]'
-	@touch $@
+$(VENV)/.installed: pyproject.toml operator/eopipe/core/native.pyx
+	$(call pip_install,test$(comma)spark$(comma)bench)
+	@touch $@ $(VENV)/.installed-unit
 
 venv: $(VENV)/.installed ## the project virtualenv
 

@@ -381,8 +381,19 @@ def test_file_sink_on_a_shared_claim_exactly_once(node_tier, object_store):
     replayed from their offsets, not rebuilt (the worker's log and a StateRestored event say
     so); the driver's container is killed mid-stream (resubmitted from the checkpoint on that
     claim); then the Parquet rows, read through Spark's reader (which honours _spark_metadata),
-    are every click with a page, each exactly once."""
+    are every click with a page, each exactly once. The Spark Operator's webhook is off
+    (`webhook.enable=false`) throughout: the pods carry the claim, the security contexts and the
+    env all the same, from the pod templates Spark applies itself (the lifecycle test checks them
+    with it on)."""
     _install_operator_if_absent(node_tier)
+    _spark_webhook(False)
+    try:
+        _file_sink_exactly_once(node_tier, object_store)
+    finally:
+        _spark_webhook(True)
+
+
+def _file_sink_exactly_once(node_tier: dict, object_store) -> None:
     ns, name = "clicks", "clicks"
     example = yaml.safe_load((REPO_ROOT / "examples" / "file-sink.yaml").read_text())
     secret = s3_secret("clicks-s3", name, object_store)
@@ -567,6 +578,9 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         log(f"{name}: the fixed schema Ready, its driver RUNNING in {time.monotonic() - t:.0f}s")
         _submitted_once(ns, name, before)
         running(what="projection A's query running")
+        wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor", "-o",
+                                          "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
+        _spark_pods_keep_the_spec(ns, name)  # the webhook on (the file sink's test: off)
         app = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
         driver_uid = kubectl_json("-n", ns, "get", "pod", f"{app_name}-driver")["metadata"]["uid"]
 
@@ -813,20 +827,6 @@ def _spark_webhook(enable: bool) -> None:
     hooks = kubectl("get", "mutatingwebhookconfigurations", "-o", "name")
     assert ("spark-operator" in hooks) is enable, hooks
     log(f"Spark Operator webhook {'on' if enable else 'off'} (helm upgrade, {time.monotonic() - t:.0f}s)")
-
-
-def test_spark_pods_keep_the_spec_with_the_webhook_off(node_tier):
-    """With the Spark Operator's webhook off (`webhook.enable=false`), examples/payments.yaml's
-    driver and executor pods still carry the checkpoint claim, the restricted security contexts
-    and the env: eopipe puts them in the pod templates, which Spark applies itself."""
-    ns, name = "payments-nowebhook", "payments"
-    _install_operator_if_absent(node_tier)
-    _spark_webhook(False)
-    try:
-        _start_spark_example(ns, name, "payments.yaml")
-        delete_spark_pipeline(ns, name)
-    finally:
-        _spark_webhook(True)
 
 
 def _read_parquet_in_a_pod(image: str, ns: str, claim: str, example: dict) -> list[list]:
