@@ -227,19 +227,19 @@ def _start_spark_example(ns: str, name: str, example: str, patch: dict | None = 
     wait(lambda: settled(ns, name) and _spark_app(ns, f"{name}-spark").get("applicationState", {}).get("state")
          == "RUNNING", 400, f"{name} Ready with its Spark driver RUNNING")
     log(f"{name} Ready, Spark driver RUNNING in {time.monotonic() - t:.0f}s")
-    wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor",
-                                      "-o", "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
     log(f"kubectl get pods,pvc -o wide\n{kubectl('-n', ns, 'get', 'pods,pvc', '-o', 'wide')}")
     _submitted_once(ns, name)
     _spark_pods_keep_the_spec(ns, name)
 
 
 def _spark_pods_keep_the_spec(ns: str, name: str) -> None:
-    """What the SparkApplication's pod templates ask of its pods is on the pods the Kubeflow Spark
-    Operator and Spark made, with the operator's webhook on or off: the checkpoint claim mounted
+    """Once an executor pod runs: what the SparkApplication's pod templates ask of its pods is on
+    the pods the Kubeflow Spark Operator and Spark made, with its webhook on or off: the checkpoint claim mounted
     in the driver (and in the executors when the claim is ReadWriteMany), once, the restricted
     security contexts, the operator's Kafka env. A dropped checkpoint volume would make a
     replaced driver replay and duplicate."""
+    wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor",
+                                      "-o", "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
     app = kubectl_json("-n", ns, "get", "sparkapplication", f"{name}-spark")["spec"]
     claim = next(v["persistentVolumeClaim"]["claimName"] for v in app["driver"]["template"]["spec"]["volumes"])
     for role in ("driver", "executor"):
@@ -578,8 +578,6 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         log(f"{name}: the fixed schema Ready, its driver RUNNING in {time.monotonic() - t:.0f}s")
         _submitted_once(ns, name, before)
         running(what="projection A's query running")
-        wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor", "-o",
-                                          "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
         _spark_pods_keep_the_spec(ns, name)  # the webhook on (the file sink's test: off)
         app = kubectl_json("-n", ns, "get", "sparkapplication", app_name)
         driver_uid = kubectl_json("-n", ns, "get", "pod", f"{app_name}-driver")["metadata"]["uid"]
