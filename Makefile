@@ -12,7 +12,7 @@ help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
 # Two stamps: the unit tier needs only the package and pytest; the rest adds Spark and plots.
-# Each is one `pip install -e` (one build of the compiled module, some 40 s): the full one
+# Each is one `pip install -e`, which builds the compiled module (about 20 s): the full one
 # stamps both, so `make test` on a fresh clone builds it once.
 define pip_install
 	@echo "==> Python virtualenv $(VENV) (pip's cache makes later runs quick)"

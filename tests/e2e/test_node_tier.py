@@ -234,10 +234,10 @@ def _start_spark_example(ns: str, name: str, example: str, patch: dict | None = 
 
 def _spark_pods_keep_the_spec(ns: str, name: str) -> None:
     """Once an executor pod runs: what the SparkApplication's pod templates ask of its pods is on
-    the pods the Kubeflow Spark Operator and Spark made, with its webhook on or off: the checkpoint claim mounted
-    in the driver (and in the executors when the claim is ReadWriteMany), once, the restricted
-    security contexts, the operator's Kafka env. A dropped checkpoint volume would make a
-    replaced driver replay and duplicate."""
+    the pods the Kubeflow Spark Operator and Spark made, with its webhook on or off: the
+    checkpoint claim mounted in the driver (and in the executors when the claim is
+    ReadWriteMany), once, the restricted security contexts, the operator's Kafka env. A dropped
+    checkpoint volume would make a replaced driver replay and duplicate."""
     wait(lambda: "Running" in kubectl("-n", ns, "get", "pods", "-l", "spark-role=executor",
                                       "-o", "jsonpath={.items[*].status.phase}"), 180, "a Spark executor pod Running")
     app = kubectl_json("-n", ns, "get", "sparkapplication", f"{name}-spark")["spec"]
