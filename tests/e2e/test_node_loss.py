@@ -365,11 +365,10 @@ def test_a_lost_node_and_a_drain_lose_and_duplicate_nothing(node_tier, operator,
     log(f"timings (bench.node_faults):\n{node_faults.table(timings)}")
     # Ready again within a bound, not at one instant: a CI rehearsal (81511b5) found it not Ready
     # here, after it had settled, and the reason was not kept: the message now carries the status.
-    try:
-        wait(lambda: settled(ns, name), 300, "the pipeline Ready at the end")
-    except AssertionError as e:
+    def status() -> str:
         st = kubectl_json("-n", ns, "get", "exactlyoncepipeline", name).get("status") or {}
-        raise AssertionError(f"{e}: {json.dumps({k: st.get(k) for k in ('phase', 'conditions', 'rebalance')})}") from None
+        return json.dumps({k: st.get(k) for k in ("phase", "conditions", "rebalance")})
+    wait(lambda: settled(ns, name), 300, "the pipeline Ready at the end", explain=status)
     rep = verify_both_stages(ns, name, src, sink)["dedup stage"]
     assert rep["unique_in"] == sent["unique"] and rep["malformed_in"] == rep["dead_lettered"] == 10, rep
     if os.environ.get(node_faults.OUT_ENV):  # bench.node_faults' numbers: only from a verified run

@@ -1300,12 +1300,10 @@ def test_a_hostile_tenant_gains_nothing(node_tier):
         texts = {f"operator {p}": kubectl("-n", "eopipe-system", "logs", p, "--all-containers")
                  for p in kubectl("-n", "eopipe-system", "get", "pods", "-o", "name").split()}
         assert f"operator pod/{leader}" in texts and "reconciled" in texts[f"operator pod/{leader}"], list(texts)
-        try:
-            wait(lambda: "Running" in kubectl("-n", TENANT_NS, "get", "pod", "leak-dedup-0", "-o",
-                                              "jsonpath={.status.phase}", check=False), 90, "leak's dedup pod running")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{kubectl('-n', TENANT_NS, 'describe', 'pod', 'leak-dedup-0', check=False)}\n"
-                                 f"{kubectl('describe', 'node', check=False)[-3000:]}") from None
+        wait(lambda: "Running" in kubectl("-n", TENANT_NS, "get", "pod", "leak-dedup-0", "-o",
+                                          "jsonpath={.status.phase}", check=False), 90, "leak's dedup pod running",
+             explain=lambda: f"{kubectl('-n', TENANT_NS, 'describe', 'pod', 'leak-dedup-0', check=False)}\n"
+                             f"{kubectl('describe', 'node', check=False)[-3000:]}")
         for p in kubectl("-n", TENANT_NS, "get", "pods", "-l", LABEL_PIPELINE, "-o", "name").split():
             texts[f"tenant-t {p}"] = kubectl("-n", TENANT_NS, "logs", p, "--all-containers")
         texts["events -A"] = kubectl("get", "events", "-A", "-o", "json")

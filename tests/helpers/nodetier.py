@@ -120,13 +120,16 @@ def tcp_probe(ns: str, pod: str, ip: str, port: int, timeout: float = 2.0) -> st
     return out.strip()
 
 
-def wait(fn, timeout: float, what: str, interval: float = 1.0):
+def wait(fn, timeout: float, what: str, interval: float = 1.0, explain=None):
+    """fn()'s first truthy result; on timeout an AssertionError, with explain()'s text (the
+    state that tells why) when given."""
     deadline = time.monotonic() + timeout
     while True:
         if out := fn():
             return out
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+            why = f"\n{explain()}" if explain else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{why}")
         time.sleep(interval)
 
 
