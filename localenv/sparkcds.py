@@ -19,6 +19,11 @@ from localenv import REPO_ROOT, quick_jit
 ENTRYPOINT = REPO_ROOT / "hack" / "spark" / "entrypoint.sh"
 TRAINING = REPO_ROOT / "hack" / "spark" / "cds-train.py"
 CACHE = Path(os.environ.get("EOPIPE_CACHE", Path.home() / ".cache" / "eopipe"))
+# The JVM takes an archive only with the class path it was dumped with, each jar's path, size
+# and mtime; pip writes pyspark's jars at install time, so every fresh venv (each CI run) would
+# dump it again (about a minute). Their mtimes are set to a fixed time first (a wheel's earliest):
+# a fresh venv of the same pyspark at the same path then maps the cached archive.
+JAR_MTIME = 315532800
 
 
 def _spark_home() -> Path:
@@ -37,6 +42,9 @@ def archive(kafka_jars: Path) -> Path:
     training run's Kafka source comes from `kafka_jars` (hack/fetch-spark-jars.sh)."""
     home = _spark_home()
     jars = sorted((home / "jars").glob("*.jar"))
+    for jar in jars:
+        if jar.stat().st_mtime != JAR_MTIME:
+            os.utime(jar, (JAR_MTIME, JAR_MTIME))
     java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=True).stderr
     facts = [java, ENTRYPOINT.read_text(), TRAINING.read_text(),
              *(f"{p} {p.stat().st_size} {p.stat().st_mtime_ns}" for p in jars)]
