@@ -96,6 +96,7 @@ def up(app_image: bool, timeout: float, count: int) -> int:
     from localenv.kafka import ensure_kafka_jars
     from localenv.node.imagebundle import bundle
     from localenv.node.images import CACHE as IMAGE_CACHE, ensure_images
+    from localenv.node.seed import ensure_seed
 
     t0 = time.monotonic()
     if _serve_pid():
@@ -119,8 +120,9 @@ def up(app_image: bool, timeout: float, count: int) -> int:
     for spec in specs:
         host.ensure_cgroups(host.node_cgroup_root(spec.cgroup))
     # The app image apart: every source change makes a new one, and the bundle would be copied again.
-    archives = [str(bundle([p for name, (_, p) in images.items() if name != "app"], IMAGE_CACHE)),
-                *([str(images["app"][1])] if "app" in images else [])]
+    shared = bundle([p for name, (_, p) in images.items() if name != "app"], IMAGE_CACHE)
+    ensure_seed(shared, images["pause"][0])  # the nodes' containerd roots start from it
+    archives = [str(shared), *([str(images["app"][1])] if "app" in images else [])]
     if "spark-operator" in images:
         from localenv.node.cluster import SPARK_OPERATOR_CONF
         from localenv.node.sparkoperator import chart_dir

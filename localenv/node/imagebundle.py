@@ -1,8 +1,8 @@
 """Docker-archives merged into one, each layer once, as `docker save IMAGE...` writes several
 images: a node's containerd reads a layer once however many images share it. Separately, the
 Spark Operator's image (the Spark image's layers plus one) makes every node stream the 1.1 GB of
-Spark twice, and the images on the base stream the base again: 3.1 GB a node against 1.7 GB,
-the larger part of the tier's start (`make cluster` prints its timings)."""
+Spark twice, and the images on the base stream the base again: 3.1 GB against 1.7 GB, imported
+once into the nodes' seed (localenv/node/seed.py; `make cluster` prints its timings)."""
 
 from __future__ import annotations
 

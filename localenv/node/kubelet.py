@@ -21,6 +21,7 @@ from localenv.node import CLUSTER_DOMAIN, CNI_BIN_DIR, CNI_BRIDGE, POD_RANGE, ST
 from localenv.node import config as cfg
 from localenv.node.host import node_cgroup_root
 from localenv.node.images import import_images
+from localenv.node.seed import plant, seed_dir
 from localenv.pki import _client_ext, _sign, _write_kubeconfig
 
 CP_DIR = STATE_DIR / "cp"
@@ -96,6 +97,8 @@ class NodeProcesses(Processes):
         toml = sd / "containerd.toml"
         toml.write_text(cfg.containerd_toml(sd, self.spec.run_dir, self.spec.containerd_sock, CNI_BIN_DIR, cni_conf,
                                             self.images["pause"]))
+        # A new node's images from the bundle's seed (localenv/node/seed.py): the rest imported.
+        seeded = plant(seed_dir(archives[0]), sd / "containerd")
         self.spawn("containerd", ["containerd", "--config", str(toml)])
         self.wait("containerd", lambda: subprocess.run([*self.ctr(), "version"], check=False,
                                                        capture_output=True).returncode == 0, 60)
@@ -103,7 +106,7 @@ class NodeProcesses(Processes):
         held = subprocess.run([*self.ctr(), "-n", "k8s.io", "images", "ls", "-q"], check=True, text=True,
                               capture_output=True).stdout.split()
         if not set(self.images.values()) <= set(held):
-            import_images(self.ctr(), archives)
+            import_images(self.ctr(), archives[1:] if seeded else archives)
         self.timings["containerd + image import"] = time.monotonic() - t
 
     def start_kubelet(self) -> None:
