@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ def jars_classpath(home: Path) -> str:
 
 
 def archive(kafka_jars: Path) -> Path:
-    """The archive for this host's pyspark and Java, made once (about half a minute); the
+    """The archive for this host's pyspark and Java, made once (about 45 s); the
     training run's Kafka source comes from `kafka_jars` (hack/fetch-spark-jars.sh)."""
     home = _spark_home()
     jars = sorted((home / "jars").glob("*.jar"))
@@ -67,7 +68,16 @@ def archive(kafka_jars: Path) -> Path:
             if res.returncode != 0:
                 raise RuntimeError(f"the class data sharing dump failed:\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
             part.rename(out)
+            _prune(out.parent)
     return out
+
+
+def _prune(kept: Path, others: int = 2) -> None:
+    """All but the `others` newest other archives removed (163 MB each): one per checkout path
+    is current, and a changed pyspark, Java or training run leaves the old one unused."""
+    old = sorted((d for d in CACHE.glob("spark-cds-*") if d != kept), key=lambda d: d.stat().st_mtime)
+    for d in old[:-others] if others else old:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def driver_env(archive_path: Path) -> dict[str, str]:
