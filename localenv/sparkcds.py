@@ -39,7 +39,7 @@ def jars_classpath(home: Path) -> str:
 
 
 def archive(kafka_jars: Path) -> Path:
-    """The archive for this host's pyspark and Java, made once (about 45 s); the
+    """The archive for this host's pyspark and Java, made once (about a minute); the
     training run's Kafka source comes from `kafka_jars` (hack/fetch-spark-jars.sh)."""
     home = _spark_home()
     jars = sorted((home / "jars").glob("*.jar"))
