@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from localenv.node import CNI_BIN_DIR
@@ -30,25 +29,22 @@ def ensure_seed(bundle: Path, pause_image: str) -> Path:
     dest = seed_dir(bundle)
     if dest.exists():
         return dest
+    from localenv.node.kubelet import Processes  # here: kubelet imports this module
+
     with tempfile.TemporaryDirectory(dir=bundle.parent, prefix="seed-") as tmp:
         work = Path(tmp)
         sock = work / "run" / "containerd.sock"
         toml = work / "containerd.toml"
         toml.write_text(cfg.containerd_toml(work, work / "run", sock, CNI_BIN_DIR, work / "cni", pause_image))
-        with open(work / "containerd.log", "w") as log:
-            proc = subprocess.Popen(["containerd", "--config", str(toml)], stdout=log, stderr=subprocess.STDOUT)
         ctr = ["ctr", "--address", str(sock)]
+        procs = Processes(bundle.parent / "seed-logs")  # kept: a failed start names this log
+        procs.spawn("containerd", ["containerd", "--config", str(toml)])
         try:
-            deadline = time.monotonic() + 60
-            while subprocess.run([*ctr, "version"], capture_output=True).returncode != 0:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"containerd for the image seed did not start: "
-                                       f"{(work / 'containerd.log').read_text()[-2000:]}")
-                time.sleep(0.2)
+            procs.wait("the image seed's containerd",
+                       lambda: subprocess.run([*ctr, "version"], capture_output=True).returncode == 0, 60)
             import_images(ctr, [bundle])
         finally:
-            proc.terminate()
-            proc.wait(30)
+            procs.stop_all()
         for old in bundle.parent.glob("containerd-*"):
             shutil.rmtree(old, ignore_errors=True)
         (work / "containerd").rename(dest)
