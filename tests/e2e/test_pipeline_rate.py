@@ -41,10 +41,13 @@ def pod_cpu(ns: str, name: str) -> dict[str, dict[str, int]]:
     return pr.cgroup_cpu(stages)
 
 
-def _start_pipeline(images: dict) -> dict:
-    """examples/payments.yaml as written, in a namespace of its own, Ready with its query running."""
+def _start_pipeline(images: dict, trigger: str | None) -> dict:
+    """examples/payments.yaml as written (but for its trigger, if one is given), in a namespace of
+    its own, Ready with its query running."""
     install_operator(images)
     doc = yaml.safe_load((REPO_ROOT / pr.EXAMPLE).read_text())
+    if trigger:
+        doc["spec"]["processing"]["trigger"] = trigger
     kubectl("create", "namespace", pr.NS)
     kubectl("-n", pr.NS, "apply", "-f", "-", input=json.dumps(doc))
     t = time.monotonic()
@@ -149,7 +152,7 @@ def _measure(rates, seconds: float, warmup: float, work: Path) -> tuple[pr.Lines
 def test_the_pipeline_at_rate(node_tier, tmp_path):
     settings = json.loads(os.environ[pr.SETTINGS_ENV])
     rates, seconds, warmup = settings["rates"], settings["seconds"], settings["warmup"]
-    doc = _start_pipeline(node_tier)
+    doc = _start_pipeline(node_tier, settings.get("trigger"))
     sampler, watcher, runs = _measure(rates, seconds, warmup, tmp_path)
     log("pipeline_rate: eopipe verify of both stages")
     reports = verify_both_stages(pr.NS, pr.NAME, pr.SRC, pr.SINK)

@@ -121,3 +121,14 @@ def test_table():
     rows[0]["spark"] = None
     assert "(no samples in the window)" in table({**{"example": "x", "nodes": 3, "trigger_s": 1.0, "dup_ratio": 0.2,
                                                      "seconds": 60, "warmup_s": 20, "cpus": 2}, "rows": rows})
+
+
+def test_trigger_option_takes_the_crds_durations():
+    import argparse
+
+    from bench.pipeline_rate import _duration
+
+    assert _duration("5s") == "5s"
+    for bad in ("5", "five seconds", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="bad duration"):
+            _duration(bad)
