@@ -29,7 +29,7 @@ run here by pytest with this run's settings. Needs root and no node tier up (`ma
 first): it starts one of --nodes nodes (default 1: nothing is lost here, and each further node's
 agents take a share of the cores), about 2 minutes, plus about 4 minutes per rate and the verify.
 
-    python -m bench.pipeline_rate [--rates 1000,10000] [--seconds 180] [--warmup 20] [--nodes 1] [--trigger 1s]
+    python -m bench.pipeline_rate [--rates 1000,10000] [--seconds 180] [--warmup 20] [--nodes 1] [--trigger 1s] [--spark-cpu 250m]
     python -m bench.pipeline_rate watch --bootstrap H:P --source T --sink T --deduped T --commits T
 """
 
@@ -228,14 +228,14 @@ def proc_seconds(pids: list[int]) -> float:
 # ------------------------------------------------------------------ the run
 
 def bench(work: Path, rates: tuple[int, ...] = (1000, 10000), seconds: float = 180, warmup: float = 20,
-          nodes: int = 1, trigger: str | None = None, progress=say) -> dict:
+          nodes: int = 1, trigger: str | None = None, spark_cpu: str | None = None, progress=say) -> dict:
     """TEST on a tier of its own (it needs the harness's node-tier helpers, which live with the
     tests); what it measured, or RuntimeError (its verify included)."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / "pipeline_rate.json"
     progress(f"pipeline_rate: {TEST} on a {nodes}-node tier of its own, rates {', '.join(map(str, rates))}")
     settings = {"rates": list(rates), "seconds": seconds, "warmup": warmup, "nodes": nodes, "trigger": trigger,
-                "out": str(out)}
+                "spark_cpu": spark_cpu, "out": str(out)}
     return node_test(TEST, work, out, nodes, {SETTINGS_ENV: json.dumps(settings)})
 
 
@@ -261,13 +261,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=20, help="seconds of load before each window (default 20)")
     ap.add_argument("--nodes", type=int, default=1, help="nodes of the tier it starts (default 1)")
     ap.add_argument("--trigger", type=_duration, help="the Spark stage's trigger instead of the example's (1s)")
+    ap.add_argument("--spark-cpu", help="the Spark driver's and executors' coreRequest instead of the example's (250m)")
     ap.add_argument("--work", type=Path, default=REPO / ".work" / "bench" / "pipeline_rate")
     ap.add_argument("--json", type=Path, help="also write the result as JSON here")
     args = ap.parse_args(argv)
     if args.cmd == "watch":
         watch(args.bootstrap, args.source, args.sink, args.deduped, args.commits)
         return 0
-    result = bench(args.work, args.rates, args.seconds, args.warmup, args.nodes, args.trigger)
+    result = bench(args.work, args.rates, args.seconds, args.warmup, args.nodes, args.trigger, args.spark_cpu)
     print(table(result))
     if args.json:
         write_json(args.json, result)

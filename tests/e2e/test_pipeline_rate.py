@@ -41,13 +41,16 @@ def pod_cpu(ns: str, name: str) -> dict[str, dict[str, int]]:
     return pr.cgroup_cpu(stages)
 
 
-def _start_pipeline(images: dict, trigger: str | None) -> dict:
-    """examples/payments.yaml as written (but for its trigger, if one is given), in a namespace of
-    its own, Ready with its query running."""
+def _start_pipeline(images: dict, trigger: str | None, spark_cpu: str | None) -> dict:
+    """examples/payments.yaml as written (but for its trigger and its Spark pods' coreRequest, if
+    given), in a namespace of its own, Ready with its query running."""
     install_operator(images)
     doc = yaml.safe_load((REPO_ROOT / pr.EXAMPLE).read_text())
     if trigger:
         doc["spec"]["processing"]["trigger"] = trigger
+    if spark_cpu:
+        for role in ("driver", "executors"):
+            doc["spec"]["processing"][role]["coreRequest"] = spark_cpu
     kubectl("create", "namespace", pr.NS)
     kubectl("-n", pr.NS, "apply", "-f", "-", input=json.dumps(doc))
     t = time.monotonic()
@@ -152,7 +155,7 @@ def _measure(rates, seconds: float, warmup: float, work: Path) -> tuple[pr.Lines
 def test_the_pipeline_at_rate(node_tier, tmp_path):
     settings = json.loads(os.environ[pr.SETTINGS_ENV])
     rates, seconds, warmup = settings["rates"], settings["seconds"], settings["warmup"]
-    doc = _start_pipeline(node_tier, settings.get("trigger"))
+    doc = _start_pipeline(node_tier, settings.get("trigger"), settings.get("spark_cpu"))
     sampler, watcher, runs = _measure(rates, seconds, warmup, tmp_path)
     log("pipeline_rate: eopipe verify of both stages")
     reports = verify_both_stages(pr.NS, pr.NAME, pr.SRC, pr.SINK)
@@ -166,6 +169,7 @@ def test_the_pipeline_at_rate(node_tier, tmp_path):
     result = {"example": pr.EXAMPLE, "nodes": settings["nodes"], "dup_ratio": pr.DUP_RATIO, "seconds": seconds,
               "warmup_s": warmup, "cpus": os.cpu_count(),
               "trigger_s": parse_duration(doc["spec"]["processing"]["trigger"]).total_seconds(),
+              "spark_cpu": doc["spec"]["processing"]["driver"].get("coreRequest"),
               "rows": rows, "verify": reports}
     log(summary.table(result))
     Path(settings["out"]).write_text(json.dumps(result))  # only from a verified run

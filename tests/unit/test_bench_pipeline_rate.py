@@ -121,6 +121,10 @@ def test_table():
     rows[0]["spark"] = None
     assert "(no samples in the window)" in table({**{"example": "x", "nodes": 3, "trigger_s": 1.0, "dup_ratio": 0.2,
                                                      "seconds": 60, "warmup_s": 20, "cpus": 2}, "rows": rows})
+    # the Spark pods' request, when the run set one, is in the header
+    assert "Spark trigger 5 s, Spark pods ask 500m cores, 20% resends" in table(
+        {"example": "x", "nodes": 1, "trigger_s": 5.0, "spark_cpu": "500m", "dup_ratio": 0.2, "seconds": 60,
+         "warmup_s": 20, "cpus": 2, "rows": rows})
 
 
 def test_trigger_option_takes_the_crds_durations():
