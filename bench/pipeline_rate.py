@@ -48,6 +48,7 @@ from pathlib import Path
 
 from bench import pipeline_rate_summary as summary
 from bench.common import REPO, node_test, positive_ints, say, write_json
+from eopipe.core.cliargs import duration_seconds
 
 NS, NAME, SRC, SINK = "pipeline-rate", "payments", "payments", "payments-enriched"
 EXAMPLE = "examples/payments.yaml"
@@ -239,17 +240,6 @@ def bench(work: Path, rates: tuple[int, ...] = (1000, 10000), seconds: float = 1
     return node_test(TEST, work, out, nodes, {SETTINGS_ENV: json.dumps(settings)})
 
 
-def _duration(text: str) -> str:
-    """argparse type of --trigger: a duration as the CRD takes it (`5s`)."""
-    from eopipe.core.durations import parse_duration
-
-    try:
-        parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.pipeline_rate", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd")
@@ -260,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=180, help="measured seconds per rate (default 180)")
     ap.add_argument("--warmup", type=float, default=20, help="seconds of load before each window (default 20)")
     ap.add_argument("--nodes", type=int, default=1, help="nodes of the tier it starts (default 1)")
-    ap.add_argument("--trigger", type=_duration, help="the Spark stage's trigger instead of the example's (1s)")
+    ap.add_argument("--trigger", type=duration_seconds, help="the Spark stage's trigger instead of the example's (1s)")
     ap.add_argument("--spark-cpu", help="the Spark driver's and executors' coreRequest instead of the example's (250m)")
     ap.add_argument("--work", type=Path, default=REPO / ".work" / "bench" / "pipeline_rate")
     ap.add_argument("--json", type=Path, help="also write the result as JSON here")
@@ -268,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "watch":
         watch(args.bootstrap, args.source, args.sink, args.deduped, args.commits)
         return 0
-    result = bench(args.work, args.rates, args.seconds, args.warmup, args.nodes, args.trigger, args.spark_cpu)
+    result = bench(args.work, args.rates, args.seconds, args.warmup, args.nodes,
+                   f"{args.trigger:g}s" if args.trigger else None, args.spark_cpu)
     print(table(result))
     if args.json:
         write_json(args.json, result)

@@ -125,9 +125,9 @@ def _sustained_text(s: dict, unit: str) -> str:
 
 def table(result: dict) -> str:
     rows, trig = result["rows"], result["trigger_s"]
+    cpu = f", Spark pods' coreRequest {result['spark_cpu']}" if result.get("spark_cpu") else ""
     out = [f"pipeline at rate: {result['example']} on the node tier ({result['nodes']} node"
-           f"{'s' * (result['nodes'] > 1)}), Spark trigger {trig:g} s"
-           f"{f', Spark pods ask {cpu} cores' if (cpu := result.get('spark_cpu')) else ''}, {result['dup_ratio']:.0%} resends; "
+           f"{'s' * (result['nodes'] > 1)}), Spark trigger {trig:g} s{cpu}, {result['dup_ratio']:.0%} resends; "
            f"{result['seconds']:g} s measured per rate after {result['warmup_s']:g} s; {result['cpus']} cores",
            f"{'rate/s':>7} {'sent/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7} {'records':>9} {'unseen':>6} "
            f"{'busy cores':>10} {'load+reader':>11}"]

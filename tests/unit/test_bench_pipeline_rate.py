@@ -122,17 +122,16 @@ def test_table():
     assert "(no samples in the window)" in table({**{"example": "x", "nodes": 3, "trigger_s": 1.0, "dup_ratio": 0.2,
                                                      "seconds": 60, "warmup_s": 20, "cpus": 2}, "rows": rows})
     # the Spark pods' request, when the run set one, is in the header
-    assert "Spark trigger 5 s, Spark pods ask 500m cores, 20% resends" in table(
+    assert "Spark trigger 5 s, Spark pods' coreRequest 500m, 20% resends" in table(
         {"example": "x", "nodes": 1, "trigger_s": 5.0, "spark_cpu": "500m", "dup_ratio": 0.2, "seconds": 60,
          "warmup_s": 20, "cpus": 2, "rows": rows})
 
 
-def test_trigger_option_takes_the_crds_durations():
-    import argparse
+def test_trigger_option_refuses_what_the_crd_refuses(capsys):
+    from bench.pipeline_rate import main
 
-    from bench.pipeline_rate import _duration
-
-    assert _duration("5s") == "5s"
     for bad in ("5", "five seconds", ""):
-        with pytest.raises(argparse.ArgumentTypeError, match="bad duration"):
-            _duration(bad)
+        with pytest.raises(SystemExit) as e:
+            main(["--trigger", bad])
+        assert e.value.code == 2
+        assert "bad duration" in capsys.readouterr().err
