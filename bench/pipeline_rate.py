@@ -22,7 +22,9 @@ What it reads, all from Kafka or the host, none of it from the code under test:
   CPU       per stage, its pods' cgroup CPU time (cpuacct on the host) over the window, divided
             by the records it consumed there (dedup: source records, resends included; Spark:
             deduped records); the machine's busy cores (/proc/stat), and the load generators'
-            and the watcher's and sampler's own (they share the 2 cores with the tier).
+            and the watcher's and sampler's own (they share the 2 cores with the tier); and where
+            the busy cores went: every process's CPU time over the window (/proc), by pod or by
+            program, the hypervisor's steal, and what no process accounts for.
 
 The run itself is tests/e2e/test_pipeline_rate.py (the node-tier helpers live with the tests),
 run here by pytest with this run's settings. Needs root and no node tier up (`make cluster-down`
@@ -39,6 +41,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -209,11 +212,38 @@ def cpu_delta(before: dict, after: dict) -> dict[str, int]:
     return {s: sum(after[s][uid] - ns for uid, ns in before[s].items() if uid in after[s]) for s in before}
 
 
-def machine_busy() -> tuple[float, float]:
-    """(busy, all) CPU seconds of the machine so far, from /proc/stat."""
+def machine_busy() -> tuple[float, float, float]:
+    """(busy, all, steal) CPU seconds of the machine so far, from /proc/stat; busy includes the
+    hypervisor's steal (time this machine's CPUs were not its own)."""
     f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]  # guest is in user
     hz = os.sysconf("SC_CLK_TCK")
-    return (sum(f) - f[3] - f[4]) / hz, sum(f) / hz
+    return (sum(f) - f[3] - f[4]) / hz, sum(f) / hz, f[7] / hz
+
+
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+
+
+def processes(pods: dict[str, str]) -> dict[tuple[int, int], summary.Proc]:
+    """Every process on the host (the nodes' pods included: they share its process table), by
+    (pid, start time): who it is (its pod's name from `pods` {uid: name} when its cgroup is a
+    pod's, else summary.program), its own CPU seconds, its reaped children's and its parent."""
+    hz, out = os.sysconf("SC_CLK_TCK"), {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):  # gone meanwhile
+            head, tail = (d / "stat").read_text().rsplit(")", 1)
+            f = tail.split()
+            pod = _POD_UID.search((d / "cgroup").read_text())
+            if pod:
+                uid = pod.group(1).replace("_", "-")
+                who = pods.get(uid, f"pod {uid}")
+            else:
+                argv = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                who = summary.program(head.split("(", 1)[1], argv)
+            out[(int(d.name), int(f[19]))] = (who, (int(f[11]) + int(f[12])) / hz, (int(f[13]) + int(f[14])) / hz,
+                                              int(f[1]))
+    return out
 
 
 def proc_seconds(pids: list[int]) -> float:

@@ -8,6 +8,9 @@ partitions (so only their differences mean anything). Its lag is input - done.
 
 from __future__ import annotations
 
+import re
+from pathlib import PurePath
+
 from bench.common import percentile
 
 Point = tuple[float, int, int]
@@ -73,11 +76,13 @@ def row(run: dict) -> dict:
     """One rate's row. A run: rate (the target), window (start, end), dedup and spark (points),
     pairs and unmatched (the watcher's), cpu_ns {stage: ns} of its pods in the window,
     machine_cores / harness_cores (busy cores of the machine, of the load and the watcher) and
-    sent_per_s (the load's own count; the source's offsets also hold reroutes and markers)."""
+    sent_per_s (the load's own count; the source's offsets also hold reroutes and markers),
+    cpu_by (cpu_shares' rows)."""
     start, end = run["window"]
     out = {"rate": run["rate"], "seconds": end - start, "sent_per_s": run.get("sent_per_s"),
            "latency": latency(run["pairs"], run["unmatched"], start, end),
-           "machine_cores": run.get("machine_cores"), "harness_cores": run.get("harness_cores")}
+           "machine_cores": run.get("machine_cores"), "harness_cores": run.get("harness_cores"),
+           "cpu_by": run.get("cpu_by")}
     for name in STAGES:
         st = stage(run[name], start, end)
         ns = (run.get("cpu_ns") or {}).get(name)
@@ -109,6 +114,66 @@ def goal(rows: list[dict], trigger_s: float) -> dict:
     lat = r["latency"]
     met = lat["p99_ms"] is not None and lat["missing"] == 0 and lat["p99_ms"] < bound
     return {"bound_ms": bound, "met": met, "p99_ms": lat["p99_ms"]}
+
+
+# ------------------------------------------------------------------ where the cores went
+
+# (who, its own CPU seconds, the CPU seconds of the children it reaped, its parent's pid), per
+# (pid, start time)
+Proc = tuple[str, float, float, int]
+TOP = 12
+_CLASS = re.compile(r"^[a-z]\w*(\.\w+)*\.[A-Z]\w*$")  # java's main class: kafka.Kafka
+_WORD = re.compile(r"^[a-z][a-z-]*$")                    # a subcommand: load, watch
+
+
+def program(comm: str, argv: list[str]) -> str:
+    """A host process's name in the table: java's main class, python's module or script with its
+    subcommand, else the kernel's name for it without a per-CPU suffix (kworker/1:2)."""
+    args = [a for a in argv if a]
+    if comm == "java":
+        return next((a for a in args[1:] if _CLASS.match(a)), "java")
+    if comm.startswith("python") and len(args) > 1:
+        rest = args[1:]
+        if "-c" in rest:
+            return f"{comm} -c"
+        if "-m" in rest and rest.index("-m") + 1 < len(rest):
+            rest = rest[rest.index("-m") + 1:]
+        else:
+            rest = [a for a in rest if not a.startswith("-")]
+        if rest:
+            name = PurePath(rest[0]).name
+            return f"{name} {rest[1]}" if len(rest) > 1 and _WORD.match(rest[1]) else name
+    return comm.split("/", 1)[0]
+
+
+def cpu_shares(before: dict, after: dict, seconds: float, busy_cores: float | None = None,
+               steal_cores: float | None = None, top: int = TOP) -> list[tuple[str, float]]:
+    """Cores per consumer over a window of `seconds`, most first, from two snapshots of every
+    process ({(pid, start time): Proc}): a process present at both ends its CPU's growth, one
+    started in the window all of it; the children a process reaped meanwhile under
+    "who (exited children)", less what a child that was there at the start had used by then.
+    Past the `top` rows, "others"; then the hypervisor's steal and what no process accounts for
+    (busy minus the rest: processes that came and went unreaped by one counted, interrupts)."""
+    by: dict[str, float] = {}
+    for key, (who, own, kids, _) in after.items():
+        own0, kids0 = before[key][1:3] if key in before else (0.0, 0.0)
+        by[who] = by.get(who, 0.0) + own - own0
+        if kids > kids0:
+            by[f"{who} (exited children)"] = by.get(f"{who} (exited children)", 0.0) + kids - kids0
+    alive = {pid: who for (pid, _), (who, *_) in after.items()}
+    for key, (_, own0, kids0, ppid) in before.items():
+        if key not in after and ppid in alive and f"{alive[ppid]} (exited children)" in by:
+            by[f"{alive[ppid]} (exited children)"] -= own0 + kids0
+    ranked = sorted(((w, s / seconds) for w, s in by.items() if s > 0), key=lambda x: (-x[1], x[0]))
+    rows = ranked[:top]
+    if ranked[top:]:
+        rows.append((f"{len(ranked) - top} others", sum(c for _, c in ranked[top:])))
+    if steal_cores is not None:
+        rows.append(("hypervisor steal", steal_cores))
+    if busy_cores is not None:
+        rows.append(("no process (unreaped exits, interrupts)",
+                     busy_cores - (steal_cores or 0.0) - sum(c for _, c in ranked)))
+    return rows
 
 
 def _n(v, fmt: str = "{:,.0f}") -> str:
@@ -151,6 +216,11 @@ def table(result: dict) -> str:
                        f"{_n(st.get('cores'), '{:.2f}'):>6}")
     out.append(f"highest rate kept up: dedup {_sustained_text(sustained(rows, 'dedup'), 'source records')}; "
                f"Spark {_sustained_text(sustained(rows, 'spark'), 'deduped records')}")
+    for r in rows:
+        if r.get("cpu_by"):
+            out.append(f"where the {_n(r['machine_cores'], '{:.2f}')} busy cores went at {r['rate']:,}/s "
+                       "(pods by namespace/name, host processes by program):")
+            out += [f"  {c:>5.2f}  {who}" for who, c in r["cpu_by"]]
     g = goal(rows, trig)
     verdict = "not run" if g["met"] is None else "met" if g["met"] else "NOT MET"
     out.append(f"goal: p99 under {GOAL_X_TRIGGER:g} x trigger ({g['bound_ms']:,.0f} ms) at {GOAL_RATE:,} records/s: "

@@ -90,9 +90,13 @@ def _one_rate(rate: int, seconds: float, warmup: float, sampler: pr.Lines, watch
                  interval=2)
         log(f"pipeline_rate: {rate:,}/s: window starts {time.monotonic() - t:.0f}s after the warm-up "
             f"(lags {_lags(sampler, watcher)})")
+        pods = {p["metadata"]["uid"]: f'{p["metadata"]["namespace"]}/{p["metadata"]["name"]}'
+                for p in kubectl_json("get", "pods", "-A")["items"]}
         start, cpu0, m0, h0 = time.time(), pod_cpu(pr.NS, pr.NAME), pr.machine_busy(), pr.proc_seconds(pids)
+        procs0 = pr.processes(pods)
         time.sleep(seconds)
         end, cpu1, m1, h1 = time.time(), pod_cpu(pr.NS, pr.NAME), pr.machine_busy(), pr.proc_seconds(pids)
+        procs1 = pr.processes(pods)
     finally:
         for p in loads:
             p.terminate()
@@ -115,9 +119,12 @@ def _one_rate(rate: int, seconds: float, warmup: float, sampler: pr.Lines, watch
     except AssertionError:
         drained_s = None
         log(f"pipeline_rate: {rate:,}/s: not drained {drain_s:.0f}s after the load stopped; going on")
+    cores = (os.cpu_count() or 1) / (m1[1] - m0[1])  # CPU seconds -> cores over the window
     return {"rate": rate, "window": (start, end), "cpu_ns": pr.cpu_delta(cpu0, cpu1),
+            "cpu_by": summary.cpu_shares(procs0, procs1, end - start, (m1[0] - m0[0]) * cores,
+                                         (m1[2] - m0[2]) * cores),
             "pods_counted": {s: len(cpu1[s]) for s in cpu1},
-            "machine_cores": (m1[0] - m0[0]) / (m1[1] - m0[1]) * (os.cpu_count() or 1),
+            "machine_cores": (m1[0] - m0[0]) * cores,
             "harness_cores": (h1 - h0) / (end - start),
             "sent": {k: sum(s.get(k, 0) for s in stats) for k in ("records", "unique", "duplicates")},
             "sent_per_s": sum(s["records"] / s["seconds"] for s in stats if s.get("seconds")),

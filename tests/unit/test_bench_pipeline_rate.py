@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from bench.pipeline_rate_summary import (
+    cpu_shares,
     dedup_points,
     goal,
     latency,
+    program,
     row,
     spark_points,
     stage,
@@ -121,10 +123,48 @@ def test_table():
     rows[0]["spark"] = None
     assert "(no samples in the window)" in table({**{"example": "x", "nodes": 3, "trigger_s": 1.0, "dup_ratio": 0.2,
                                                      "seconds": 60, "warmup_s": 20, "cpus": 2}, "rows": rows})
+    # where the busy cores went, per rate that measured it
+    rows[1]["cpu_by"] = [("kafka.Kafka", 0.5), ("hypervisor steal", 0.25)]
+    text = table({**{"example": "x", "nodes": 1, "trigger_s": 1.0, "dup_ratio": 0.2, "seconds": 60,
+                     "warmup_s": 20, "cpus": 2}, "rows": rows})
+    assert "where the 1.90 busy cores went at 10,000/s (pods by namespace/name, host processes by program):" in text
+    assert "   0.50  kafka.Kafka\n   0.25  hypervisor steal" in text and "at 1,000/s (pods" not in text
     # the Spark pods' request, when the run set one, is in the header
     assert "Spark trigger 5 s, Spark pods' coreRequest 500m, 20% resends" in table(
         {"example": "x", "nodes": 1, "trigger_s": 5.0, "spark_cpu": "500m", "dup_ratio": 0.2, "seconds": 60,
          "warmup_s": 20, "cpus": 2, "rows": rows})
+
+
+@pytest.mark.parametrize("comm, argv, expected", [
+    ("java", ["java", "-Xmx1g", "-cp", "/c/kafka.jar:/c/x.jar", "kafka.Kafka", "/w/server.properties"], "kafka.Kafka"),
+    ("java", ["java", "-version"], "java"),
+    ("python3.11", ["/v/bin/python", "/v/bin/eopipe", "load", "--rate", "5000"], "eopipe load"),
+    ("python", ["python", "-u", "-m", "bench.pipeline_rate", "watch", "--bootstrap", "h:1"], "bench.pipeline_rate watch"),
+    ("python3", ["python3", "-m", "pytest", "tests/e2e/x.py"], "pytest"),
+    ("python3", ["python3"], "python3"),
+    ("python3", ["python3", "-c", "import time; time.sleep(1)"], "python3 -c"),
+    ("kworker/1:2H", [""], "kworker"),
+    ("kube-apiserver", ["kube-apiserver", "--etcd-servers=x"], "kube-apiserver"),
+])
+def test_program(comm, argv, expected):
+    assert program(comm, argv) == expected
+
+
+def test_cpu_shares():
+    before = {(1, 10): ("kafka.Kafka", 100.0, 0.0, 0), (2, 10): ("kubelet", 50.0, 5.0, 0),
+              (3, 10): ("runc", 2.0, 1.0, 2),          # kubelet's child, reaped in the window
+              (4, 10): ("pods/a", 1.0, 0.0, 0), (6, 10): ("orphan", 9.0, 0.0, 77)}
+    after = {(1, 10): ("kafka.Kafka", 130.0, 0.0, 0),   # 30 s over a 60 s window: 0.5 cores
+             (2, 10): ("kubelet", 56.0, 14.0, 0),        # its own 0.1; its children's 9 s less runc's 3 before
+             (4, 10): ("pods/a", 4.0, 0.0, 0), (5, 11): ("pods/a", 3.0, 0.0, 0),  # one pod, two processes; one new
+             (4, 99): ("idle", 0.0, 0.0, 0)}            # a reused pid is a new process
+    shares = cpu_shares(before, after, 60.0, busy_cores=1.2, steal_cores=0.1)
+    assert [(w, round(c, 3)) for w, c in shares] == [
+        ("kafka.Kafka", 0.5), ("kubelet", 0.1), ("kubelet (exited children)", 0.1), ("pods/a", 0.1),
+        ("hypervisor steal", 0.1), ("no process (unreaped exits, interrupts)", 0.3)]
+    top = cpu_shares(before, after, 60.0, top=2)
+    assert [w for w, _ in top] == ["kafka.Kafka", "kubelet", "2 others"]
+    assert round(top[-1][1], 3) == 0.2
 
 
 def test_trigger_option_refuses_what_the_crd_refuses(capsys):
