@@ -132,10 +132,11 @@ def program(comm: str, argv: list[str]) -> str:
     args = [a for a in argv if a]
     if comm == "java":
         return next((a for a in args[1:] if _CLASS.match(a)), "java")
-    if comm.startswith("python") and len(args) > 1:
+    # a console script's comm is its own name; its argv[0] is still the interpreter
+    if len(args) > 1 and (comm.startswith("python") or PurePath(args[0]).name.startswith("python")):
         rest = args[1:]
         if "-c" in rest:
-            return f"{comm} -c"
+            return f"{PurePath(args[0]).name} -c"
         if "-m" in rest and rest.index("-m") + 1 < len(rest):
             rest = rest[rest.index("-m") + 1:]
         else:

@@ -139,6 +139,7 @@ def test_table():
     ("java", ["java", "-Xmx1g", "-cp", "/c/kafka.jar:/c/x.jar", "kafka.Kafka", "/w/server.properties"], "kafka.Kafka"),
     ("java", ["java", "-version"], "java"),
     ("python3.11", ["/v/bin/python", "/v/bin/eopipe", "load", "--rate", "5000"], "eopipe load"),
+    ("eopipe", ["/v/bin/python", "/v/bin/eopipe", "load", "--rate", "5000"], "eopipe load"),  # a console script
     ("python", ["python", "-u", "-m", "bench.pipeline_rate", "watch", "--bootstrap", "h:1"], "bench.pipeline_rate watch"),
     ("python3", ["python3", "-m", "pytest", "tests/e2e/x.py"], "pytest"),
     ("python3", ["python3"], "python3"),
