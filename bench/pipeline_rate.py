@@ -223,6 +223,12 @@ def machine_busy() -> tuple[float, float, float]:
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
 
+def _stat(d: Path) -> tuple[str, list[str]]:
+    """A process's comm and the fields of /proc/<pid>/stat after it (OSError: it is gone)."""
+    head, tail = (d / "stat").read_text().rsplit(")", 1)
+    return head.split("(", 1)[1], tail.split()
+
+
 def processes(pods: dict[str, str]) -> dict[tuple[int, int], summary.Proc]:
     """Every process on the host (the nodes' pods included: they share its process table), by
     (pid, start time): who it is (its pod's name from `pods` {uid: name} when its cgroup is a
@@ -232,15 +238,13 @@ def processes(pods: dict[str, str]) -> dict[tuple[int, int], summary.Proc]:
         if not d.name.isdigit():
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):  # gone meanwhile
-            head, tail = (d / "stat").read_text().rsplit(")", 1)
-            f = tail.split()
+            comm, f = _stat(d)
             pod = _POD_UID.search((d / "cgroup").read_text())
             if pod:
                 uid = pod.group(1).replace("_", "-")
                 who = pods.get(uid, f"pod {uid}")
             else:
-                argv = (d / "cmdline").read_bytes().decode(errors="replace").split("\0")
-                who = summary.program(head.split("(", 1)[1], argv)
+                who = summary.program(comm, (d / "cmdline").read_bytes().decode(errors="replace").split("\0"))
             out[(int(d.name), int(f[19]))] = (who, (int(f[11]) + int(f[12])) / hz, (int(f[13]) + int(f[14])) / hz,
                                               int(f[1]))
     return out
@@ -251,8 +255,8 @@ def proc_seconds(pids: list[int]) -> float:
     total, hz = 0.0, os.sysconf("SC_CLK_TCK")
     for pid in pids:
         with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / hz
+            f = _stat(Path(f"/proc/{pid}"))[1]
+            total += (int(f[11]) + int(f[12])) / hz
     return total
 
 
