@@ -134,7 +134,8 @@ def node_test(test: str, work: Path, out: Path, nodes: int, env: dict[str, str])
     """A node-tier test run by pytest on a tier of its own (the tier's helpers live with the
     tests), which writes what it measured to `out` once verified: that JSON, or RuntimeError."""
     out.unlink(missing_ok=True)
-    env = {**os.environ, "EOPIPE_NODE_TESTS": "1", "EOPIPE_NODES": str(nodes), **env}
+    # Full JIT for the tier's JVMs (its broker): the suite's C1-only default is for short tests.
+    env = {**os.environ, "EOPIPE_NODE_TESTS": "1", "EOPIPE_NODES": str(nodes), "EOPIPE_QUICK_JIT": "0", **env}
     res = subprocess.run([sys.executable, "-m", "pytest", test, "-p", "no:randomly", "-q", "-s",
                           "-p", "no:cacheprovider"], cwd=REPO, env=env, capture_output=True, text=True)
     (work / "pytest.log").write_text(res.stdout + res.stderr)

@@ -25,13 +25,17 @@ What it reads, all from Kafka or the host, none of it from the code under test:
             and the watcher's and sampler's own (they share the 2 cores with the tier); and where
             the busy cores went: every process's CPU time over the window (/proc), by pod or by
             program, the hypervisor's steal, and what no process accounts for.
+  requests  the broker's requests/s by type over the window: its own request meters (JMX),
+            read through the JVM's local attach by bench/BrokerRequests.java.
+The loads linger 50 ms and the watcher's fetches wait for 64 KiB or 20 ms (LOAD_OPTIONS, watch):
+both share the tier's broker and cores, and their requests were most of the broker's work.
 
 The run itself is tests/e2e/test_pipeline_rate.py (the node-tier helpers live with the tests),
 run here by pytest with this run's settings. Needs root and no node tier up (`make cluster-down`
 first): it starts one of --nodes nodes (default 1: nothing is lost here, and each further node's
 agents take a share of the cores), about 2 minutes, plus about 4 minutes per rate and the verify.
 
-    python -m bench.pipeline_rate [--rates 1000,10000] [--seconds 180] [--warmup 20] [--nodes 1] [--trigger 1s] [--spark-cpu 250m]
+    python -m bench.pipeline_rate [--rates 1000,10000] [--seconds 180] [--warmup 20] [--nodes 1] [--trigger 1s] [--spark-cpu 250m] [--executor-cores 1]
     python -m bench.pipeline_rate watch --bootstrap H:P --source T --sink T --deduped T --commits T
 """
 
@@ -43,6 +47,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -57,6 +62,10 @@ NS, NAME, SRC, SINK = "pipeline-rate", "payments", "payments", "payments-enriche
 EXAMPLE = "examples/payments.yaml"
 DUP_RATIO = 0.2
 LOAD_PER_PROCESS = 5000  # records/s per `eopipe load` (one Python process paces itself by sleeping)
+# librdkafka sends each partition's batch in a ProduceRequest of its own: at its 5 ms linger the two
+# loads' 8 partitions were 2,100 of the broker's 3,100 requests/s at 10,000 records/s. A producer
+# elsewhere would not spend this machine's cores; 50 ms batches them (a record waits at most that).
+LOAD_OPTIONS = ("--kafka-config", "linger.ms=50")
 WARMUP_CAP_S = 60       # at most this long after the warm-up for the stages to catch up
 TEST = "tests/e2e/test_pipeline_rate.py"
 SETTINGS_ENV = "EOPIPE_PIPELINE_RATE"  # the run's settings and where the test writes its result
@@ -75,7 +84,10 @@ def watch(bootstrap: str, source: str, sink: str, deduped: str, commits: str, in
 
     conf = {"bootstrap.servers": bootstrap}
     c = Consumer({**conf, "group.id": f"pipeline-rate-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-                  "isolation.level": "read_committed", "fetch.wait.max.ms": 10})
+                  "isolation.level": "read_committed",
+                  # A fetch answers at 64 KiB or after 20 ms (a record seen at most that late), not
+                  # for each new record: its requests are the broker's work on this machine's cores.
+                  "fetch.min.bytes": 65536, "fetch.wait.max.ms": 20})
     admin = AdminClient(conf)
 
     def parts(topic: str) -> list[int]:
@@ -250,6 +262,30 @@ def processes(pods: dict[str, str]) -> dict[tuple[int, int], summary.Proc]:
     return out
 
 
+BROKER_REQUESTS = REPO / "bench" / "BrokerRequests.java"
+
+
+def broker_pid(properties: Path) -> int | None:
+    """The Kafka process started with this properties file last on its command line."""
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if d.name.isdigit() and (d / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")[-1] == bytes(properties):
+                return int(d.name)
+    return None
+
+
+def broker_requests(pid: int) -> tuple[float, str]:
+    """(when, the broker's request counts as bench/BrokerRequests.java prints them). Run in the
+    broker's network namespace: the JMX agent it starts there answers on that loopback only."""
+    t0 = time.time()
+    res = subprocess.run(["nsenter", "--target", str(pid), "--net", "java", str(BROKER_REQUESTS), str(pid)],
+                         capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        raise RuntimeError(f"{BROKER_REQUESTS.name} exited {res.returncode}: "
+                           f"{(res.stderr.strip().splitlines() or ['no output'])[0]}")
+    return (t0 + time.time()) / 2, res.stdout
+
+
 def proc_seconds(pids: list[int]) -> float:
     """User + system CPU seconds of these processes (0 for one that is gone)."""
     total, hz = 0.0, os.sysconf("SC_CLK_TCK")
@@ -263,15 +299,22 @@ def proc_seconds(pids: list[int]) -> float:
 # ------------------------------------------------------------------ the run
 
 def bench(work: Path, rates: tuple[int, ...] = (1000, 10000), seconds: float = 180, warmup: float = 20,
-          nodes: int = 1, trigger: str | None = None, spark_cpu: str | None = None, progress=say) -> dict:
+          nodes: int = 1, trigger: str | None = None, spark_cpu: str | None = None,
+          executor_cores: int | None = None, progress=say) -> dict:
     """TEST on a tier of its own (it needs the harness's node-tier helpers, which live with the
     tests); what it measured, or RuntimeError (its verify included)."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / "pipeline_rate.json"
     progress(f"pipeline_rate: {TEST} on a {nodes}-node tier of its own, rates {', '.join(map(str, rates))}")
     settings = {"rates": list(rates), "seconds": seconds, "warmup": warmup, "nodes": nodes, "trigger": trigger,
-                "spark_cpu": spark_cpu, "out": str(out)}
+                "spark_cpu": spark_cpu, "executor_cores": executor_cores, "out": str(out)}
     return node_test(TEST, work, out, nodes, {SETTINGS_ENV: json.dumps(settings)})
+
+
+def _cores(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 64:  # the CRD's bounds
+        raise argparse.ArgumentTypeError(f"expected 1 to 64, got {text!r}")
+    return int(text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=1, help="nodes of the tier it starts (default 1)")
     ap.add_argument("--trigger", type=duration_seconds, help="the Spark stage's trigger instead of the example's (1s)")
     ap.add_argument("--spark-cpu", help="the Spark driver's and executors' coreRequest instead of the example's (250m)")
+    ap.add_argument("--executor-cores", type=_cores,
+                    help="the Spark executor's cores (task slots, 1 to 64) instead of the example's (1)")
     ap.add_argument("--work", type=Path, default=REPO / ".work" / "bench" / "pipeline_rate")
     ap.add_argument("--json", type=Path, help="also write the result as JSON here")
     args = ap.parse_args(argv)
@@ -293,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         watch(args.bootstrap, args.source, args.sink, args.deduped, args.commits)
         return 0
     result = bench(args.work, args.rates, args.seconds, args.warmup, args.nodes,
-                   f"{args.trigger:g}s" if args.trigger else None, args.spark_cpu)
+                   f"{args.trigger:g}s" if args.trigger else None, args.spark_cpu, args.executor_cores)
     print(table(result))
     if args.json:
         write_json(args.json, result)

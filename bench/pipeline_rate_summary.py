@@ -77,12 +77,12 @@ def row(run: dict) -> dict:
     pairs and unmatched (the watcher's), cpu_ns {stage: ns} of its pods in the window,
     machine_cores / harness_cores (busy cores of the machine, of the load and the watcher) and
     sent_per_s (the load's own count; the source's offsets also hold reroutes and markers),
-    cpu_by (cpu_shares' rows)."""
+    cpu_by (cpu_shares' rows), requests_by (request_rates' rows)."""
     start, end = run["window"]
     out = {"rate": run["rate"], "seconds": end - start, "sent_per_s": run.get("sent_per_s"),
            "latency": latency(run["pairs"], run["unmatched"], start, end),
            "machine_cores": run.get("machine_cores"), "harness_cores": run.get("harness_cores"),
-           "cpu_by": run.get("cpu_by")}
+           "cpu_by": run.get("cpu_by"), "requests_by": run.get("requests_by")}
     for name in STAGES:
         st = stage(run[name], start, end)
         ns = (run.get("cpu_ns") or {}).get(name)
@@ -177,6 +177,34 @@ def cpu_shares(before: dict, after: dict, seconds: float, busy_cores: float | No
     return rows
 
 
+# ------------------------------------------------------------------ the broker's requests
+
+_FETCH_PARTS = {"FetchConsumer", "FetchFollower"}  # subsets of the Fetch meter's count
+
+
+def request_counts(text: str) -> dict[str, int]:
+    """bench/BrokerRequests.java's "<type> <count>" lines summed over versions, without the
+    meters that count a part of Fetch again."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        kind, count = line.split()
+        if kind not in _FETCH_PARTS:
+            out[kind] = out.get(kind, 0) + int(count)
+    return out
+
+
+def request_rates(before: tuple[float, str], after: tuple[float, str], top: int = 6) -> list[tuple[str, float]]:
+    """Requests/s by type between two reads (when, text), most first; past `top`, "N others"."""
+    (t0, a), (t1, b) = before, after
+    c0, c1 = request_counts(a), request_counts(b)
+    ranked = sorted(((k, (n - c0.get(k, 0)) / (t1 - t0)) for k, n in c1.items() if n > c0.get(k, 0)),
+                    key=lambda x: (-x[1], x[0]))
+    rows = ranked[:top]
+    if ranked[top:]:
+        rows.append((f"{len(ranked) - top} others", sum(r for _, r in ranked[top:])))
+    return rows
+
+
 def _n(v, fmt: str = "{:,.0f}") -> str:
     return "-" if v is None else fmt.format(v)
 
@@ -192,6 +220,8 @@ def _sustained_text(s: dict, unit: str) -> str:
 def table(result: dict) -> str:
     rows, trig = result["rows"], result["trigger_s"]
     cpu = f", Spark pods' coreRequest {result['spark_cpu']}" if result.get("spark_cpu") else ""
+    if result.get("executor_cores", 1) != 1:
+        cpu += f", executor cores {result['executor_cores']}"
     out = [f"pipeline at rate: {result['example']} on the node tier ({result['nodes']} node"
            f"{'s' * (result['nodes'] > 1)}), Spark trigger {trig:g} s{cpu}, {result['dup_ratio']:.0%} resends; "
            f"{result['seconds']:g} s measured per rate after {result['warmup_s']:g} s; {result['cpus']} cores",
@@ -222,6 +252,9 @@ def table(result: dict) -> str:
             out.append(f"where the {_n(r['machine_cores'], '{:.2f}')} busy cores went at {r['rate']:,}/s "
                        "(pods by namespace/name, host processes by program):")
             out += [f"  {c:>5.2f}  {who}" for who, c in r["cpu_by"]]
+        if r.get("requests_by"):
+            out.append(f"the broker's {sum(x for _, x in r['requests_by']):,.0f} requests/s at {r['rate']:,}/s: "
+                       + ", ".join(f"{kind} {x:,.0f}" for kind, x in r["requests_by"]))
     g = goal(rows, trig)
     verdict = "not run" if g["met"] is None else "met" if g["met"] else "NOT MET"
     out.append(f"goal: p99 under {GOAL_X_TRIGGER:g} x trigger ({g['bound_ms']:,.0f} ms) at {GOAL_RATE:,} records/s: "

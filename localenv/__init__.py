@@ -13,6 +13,6 @@ def quick_jit() -> list[str]:
     fixtures_spark) when EOPIPE_QUICK_JIT=1, which the test suite sets (tests/conftest.py): C1
     only. In a JVM that lives minutes, compiling (C2 and C1) was 40-55% of its CPU (a broker 55 s
     of 134 s, a driver 34 s of 63 s: thread CPU on the node tier); with C1 only,
-    tests/integration/test_dedup_worker.py took 116 s of CPU instead of 179. Benchmarks and
-    `make demo` leave it unset: full JIT."""
+    tests/integration/test_dedup_worker.py took 116 s of CPU instead of 179. Benchmarks (those
+    that run a node-tier test set it to 0: bench.common.node_test) and `make demo`: full JIT."""
     return ["-XX:TieredStopAtLevel=1"] if os.environ.get("EOPIPE_QUICK_JIT") == "1" else []

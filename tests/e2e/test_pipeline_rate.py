@@ -23,6 +23,7 @@ from bench import pipeline_rate_summary as summary
 from eopipe.core.durations import parse_duration
 from eopipe.core.names import LABEL_COMPONENT, LABEL_PIPELINE, consumer_group, deduped_topic, spark_commit_topic
 from localenv import REPO_ROOT
+from localenv.node import STATE_DIR
 from tests.helpers.nodepipes import driver_says, install_operator, settled, start_load, verify_both_stages
 from tests.helpers.nodetier import BOOTSTRAP, NODE_TESTS, PY, in_tier, kubectl, kubectl_json, log, wait
 
@@ -41,9 +42,9 @@ def pod_cpu(ns: str, name: str) -> dict[str, dict[str, int]]:
     return pr.cgroup_cpu(stages)
 
 
-def _start_pipeline(images: dict, trigger: str | None, spark_cpu: str | None) -> dict:
-    """examples/payments.yaml as written (but for its trigger and its Spark pods' coreRequest, if
-    given), in a namespace of its own, Ready with its query running."""
+def _start_pipeline(images: dict, trigger: str | None, spark_cpu: str | None, executor_cores: int | None) -> dict:
+    """examples/payments.yaml as written (but for its trigger, its Spark pods' coreRequest and its
+    executor's cores, if given), in a namespace of its own, Ready with its query running."""
     install_operator(images)
     doc = yaml.safe_load((REPO_ROOT / pr.EXAMPLE).read_text())
     if trigger:
@@ -51,6 +52,8 @@ def _start_pipeline(images: dict, trigger: str | None, spark_cpu: str | None) ->
     if spark_cpu:
         for role in ("driver", "executors"):
             doc["spec"]["processing"][role]["coreRequest"] = spark_cpu
+    if executor_cores:
+        doc["spec"]["processing"]["executors"]["cores"] = executor_cores
     kubectl("create", "namespace", pr.NS)
     kubectl("-n", pr.NS, "apply", "-f", "-", input=json.dumps(doc))
     t = time.monotonic()
@@ -71,12 +74,25 @@ def _lags(sampler: pr.Lines, watcher: pr.Lines) -> tuple[float, float]:
     return (lag(sampler.all[-1]) if sampler.all else math.inf, spark[-1][2] - spark[-1][1] if spark else math.inf)
 
 
+def _broker_requests() -> tuple[float, str] | None:
+    """The tier's broker's request counts now, or None (logged: the table then lacks them)."""
+    pid = pr.broker_pid(STATE_DIR / "kafka" / "server.properties")
+    try:
+        if pid is None:
+            raise RuntimeError("no process runs the broker's server.properties")
+        return pr.broker_requests(pid)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        log(f"pipeline_rate: the broker's requests not read: {e}")
+        return None
+
+
 def _one_rate(rate: int, seconds: float, warmup: float, sampler: pr.Lines, watcher: pr.Lines, harness: list[int],
               drain_s: float) -> dict:
     """A load at `rate` for warmup + seconds, then the stages drained; the window's marks and CPU."""
     n = math.ceil(rate / pr.LOAD_PER_PROCESS)
     seed = random.randrange(1 << 30)  # new ids every run: a rerun's must not be duplicates of the last
-    loads = [start_load(pr.SRC, str(10**9), f"{rate / n:g}", str(seed + i), f"{pr.DUP_RATIO:g}") for i in range(n)]
+    loads = [start_load(pr.SRC, str(10**9), f"{rate / n:g}", str(seed + i), f"{pr.DUP_RATIO:g}", *pr.LOAD_OPTIONS)
+             for i in range(n)]
     pids = harness + [p.pid for p in loads]
     log(f"pipeline_rate: {rate:,} records/s ({n} load process{'es' * (n > 1)}): {warmup:g} s warm-up, "
         f"{seconds:g} s measured")
@@ -92,11 +108,13 @@ def _one_rate(rate: int, seconds: float, warmup: float, sampler: pr.Lines, watch
             f"(lags {_lags(sampler, watcher)})")
         pods = {p["metadata"]["uid"]: f'{p["metadata"]["namespace"]}/{p["metadata"]["name"]}'
                 for p in kubectl_json("get", "pods", "-A")["items"]}
+        req0 = _broker_requests()
         start, cpu0, m0, h0 = time.time(), pod_cpu(pr.NS, pr.NAME), pr.machine_busy(), pr.proc_seconds(pids)
         procs0 = pr.processes(pods)
         time.sleep(seconds)
         end, cpu1, m1, h1 = time.time(), pod_cpu(pr.NS, pr.NAME), pr.machine_busy(), pr.proc_seconds(pids)
         procs1 = pr.processes(pods)
+        req1 = _broker_requests() if req0 else None
     finally:
         for p in loads:
             p.terminate()
@@ -128,6 +146,7 @@ def _one_rate(rate: int, seconds: float, warmup: float, sampler: pr.Lines, watch
             "harness_cores": (h1 - h0) / (end - start),
             "sent": {k: sum(s.get(k, 0) for s in stats) for k in ("records", "unique", "duplicates")},
             "sent_per_s": sum(s["records"] / s["seconds"] for s in stats if s.get("seconds")),
+            "requests_by": summary.request_rates(req0, req1) if req0 and req1 else None,
             "drained_s": drained_s}
 
 
@@ -162,7 +181,7 @@ def _measure(rates, seconds: float, warmup: float, work: Path) -> tuple[pr.Lines
 def test_the_pipeline_at_rate(node_tier, tmp_path):
     settings = json.loads(os.environ[pr.SETTINGS_ENV])
     rates, seconds, warmup = settings["rates"], settings["seconds"], settings["warmup"]
-    doc = _start_pipeline(node_tier, settings.get("trigger"), settings.get("spark_cpu"))
+    doc = _start_pipeline(node_tier, settings.get("trigger"), settings.get("spark_cpu"), settings.get("executor_cores"))
     sampler, watcher, runs = _measure(rates, seconds, warmup, tmp_path)
     log("pipeline_rate: eopipe verify of both stages")
     reports = verify_both_stages(pr.NS, pr.NAME, pr.SRC, pr.SINK)
@@ -177,6 +196,7 @@ def test_the_pipeline_at_rate(node_tier, tmp_path):
               "warmup_s": warmup, "cpus": os.cpu_count(),
               "trigger_s": parse_duration(doc["spec"]["processing"]["trigger"]).total_seconds(),
               "spark_cpu": doc["spec"]["processing"]["driver"].get("coreRequest"),
+              "executor_cores": doc["spec"]["processing"]["executors"].get("cores", 1),
               "rows": rows, "verify": reports}
     log(summary.table(result))
     Path(settings["out"]).write_text(json.dumps(result))  # only from a verified run

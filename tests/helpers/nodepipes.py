@@ -52,11 +52,12 @@ def install_operator(images: dict, *extra: str) -> None:
          *RESTORE_GRANT, *extra, "--wait", "--timeout", "180s")
 
 
-def start_load(topic: str, count: str, rate: str, seed: str, dup_ratio: str = "0.3") -> subprocess.Popen:
-    """`eopipe load` with 30% duplicates (or `dup_ratio`), in the background (SIGTERM: it stops,
-    flushes, reports)."""
+def start_load(topic: str, count: str, rate: str, seed: str, dup_ratio: str = "0.3", *extra: str) -> subprocess.Popen:
+    """`eopipe load` with 30% duplicates (or `dup_ratio`) and `extra` options, in the background
+    (SIGTERM: it stops, flushes, reports)."""
     return subprocess.Popen(in_tier(EOPIPE, "load", "--bootstrap", BOOTSTRAP, "--topic", topic, "--count", count,
-                                    "--rate", rate, "--dup-ratio", dup_ratio, "--seed", seed, "--quiet", "--json"),
+                                    "--rate", rate, "--dup-ratio", dup_ratio, "--seed", seed, "--quiet", "--json",
+                                    *extra),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -11,6 +11,8 @@ from bench.pipeline_rate_summary import (
     goal,
     latency,
     program,
+    request_counts,
+    request_rates,
     row,
     spark_points,
     stage,
@@ -129,7 +131,14 @@ def test_table():
                      "warmup_s": 20, "cpus": 2}, "rows": rows})
     assert "where the 1.90 busy cores went at 10,000/s (pods by namespace/name, host processes by program):" in text
     assert "   0.50  kafka.Kafka\n   0.25  hypervisor steal" in text and "at 1,000/s (pods" not in text
+    rows[1]["requests_by"] = [("Produce", 673.2), ("Fetch", 220.3), ("1 others", 40.0)]
+    assert "the broker's 934 requests/s at 10,000/s: Produce 673, Fetch 220, 1 others 40" in table(
+        {"example": "x", "nodes": 1, "trigger_s": 1.0, "dup_ratio": 0.2, "seconds": 60, "warmup_s": 20, "cpus": 2,
+         "rows": rows})
     # the Spark pods' request, when the run set one, is in the header
+    assert "Spark trigger 1 s, executor cores 2, 20% resends" in table(
+        {"example": "x", "nodes": 1, "trigger_s": 1.0, "executor_cores": 2, "dup_ratio": 0.2, "seconds": 60,
+         "warmup_s": 20, "cpus": 2, "rows": rows})
     assert "Spark trigger 5 s, Spark pods' coreRequest 500m, 20% resends" in table(
         {"example": "x", "nodes": 1, "trigger_s": 5.0, "spark_cpu": "500m", "dup_ratio": 0.2, "seconds": 60,
          "warmup_s": 20, "cpus": 2, "rows": rows})
@@ -168,7 +177,7 @@ def test_cpu_shares():
     assert round(top[-1][1], 3) == 0.2
 
 
-def test_trigger_option_refuses_what_the_crd_refuses(capsys):
+def test_trigger_and_cores_options_refuse_what_the_crd_refuses(capsys):
     from bench.pipeline_rate import main
 
     for bad in ("5", "five seconds", ""):
@@ -176,3 +185,21 @@ def test_trigger_option_refuses_what_the_crd_refuses(capsys):
             main(["--trigger", bad])
         assert e.value.code == 2
         assert "bad duration" in capsys.readouterr().err
+    for bad in ("0", "65", "two", "-1"):
+        with pytest.raises(SystemExit) as e:
+            main(["--executor-cores", bad])
+        assert e.value.code == 2
+        assert "expected 1 to 64" in capsys.readouterr().err
+
+
+def test_request_counts_sum_versions_and_count_a_fetch_once():
+    text = "Produce 100\nProduce 5\nFetch 40\nFetchConsumer 30\nFetchFollower 10\nEndTxn 2\n"
+    assert request_counts(text) == {"Produce": 105, "Fetch": 40, "EndTxn": 2}
+    assert request_counts("") == {}
+
+
+def test_request_rates():
+    before = (100.0, "Produce 1000\nFetch 500\nEndTxn 10\nMetadata 7\n")
+    after = (110.0, "Produce 3000\nFetch 900\nEndTxn 30\nMetadata 7\nListOffsets 50\n")  # a new type: all of it
+    assert request_rates(before, after) == [("Produce", 200.0), ("Fetch", 40.0), ("ListOffsets", 5.0), ("EndTxn", 2.0)]
+    assert request_rates(before, after, top=2) == [("Produce", 200.0), ("Fetch", 40.0), ("2 others", 7.0)]

@@ -40,6 +40,8 @@ def test_version_is_the_installed_distributions():
     ([*LOAD, "--count", "-5"], ">= 0"),
     ([*LOAD, "--count", "5", "--poison", "-1"], ">= 0"),
     ([*LOAD, "--count", "5", "--rate", "-100"], "> 0"),
+    ([*LOAD, "--count", "5", "--kafka-config", "linger.ms"], "expected KEY=VALUE"),
+    ([*LOAD, "--count", "5", "--kafka-config", "lingr.ms=5"], 'No such configuration property: "lingr.ms"'),
     ([*VERIFY, "--timeout", "-1"], "> 0"),
     ([*DEDUP, "--partitions", "5-2"], "the range 5-2 is empty"),
     ([*DEDUP, "--partitions", "-1"], "expected partition numbers"),

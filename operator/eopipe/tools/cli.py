@@ -42,17 +42,25 @@ def _progress(stats: dict) -> None:
 def cmd_load(args: argparse.Namespace) -> int:
     import threading
 
+    from confluent_kafka import KafkaError, KafkaException
+
     from eopipe.tools.loadgen import run_load
 
     # SIGTERM ends the load early but cleanly: what was sent is flushed and reported, so a test
     # can keep a load running exactly as long as what it does under it.
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stats = run_load(args.bootstrap, args.topic, args.count, dup_ratio=args.dup_ratio,
-                     wrong_partition_ratio=args.wrong_partition_ratio, poison=args.poison,
-                     partitioner=args.partitioner, rate=args.rate, seed=args.seed,
-                     progress=None if args.quiet else _progress,
-                     id_at=("user.id",) if args.nested_id else ("id",), stop=stop)
+    try:
+        stats = run_load(args.bootstrap, args.topic, args.count, dup_ratio=args.dup_ratio,
+                         wrong_partition_ratio=args.wrong_partition_ratio, poison=args.poison,
+                         partitioner=args.partitioner, rate=args.rate, seed=args.seed,
+                         progress=None if args.quiet else _progress, producer_config=dict(args.kafka_config),
+                         id_at=("user.id",) if args.nested_id else ("id",), stop=stop)
+    except KafkaException as e:
+        if e.args[0].code() != KafkaError._INVALID_ARG:  # a setting librdkafka refused; else not a usage error
+            raise
+        print(f"eopipe load: error: --kafka-config: {e.args[0].str()}", file=sys.stderr)
+        return 2
     print(json.dumps(stats) if args.json else
           f"load: sent {stats['records']} records ({stats['unique']} unique, "
           f"{stats['duplicates']} duplicates, {stats['wrong_partition']} to a wrong partition, "
@@ -245,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--nested-id", action="store_true",
                       help='the id in a nested JSON object, {"user": {"id": ...}} (dedup key json:user.id), '
                            'instead of the top-level field "id"')
+    load.add_argument("--kafka-config", type=cliargs.key_value, action="append", default=[], metavar="KEY=VALUE",
+                      help="extra librdkafka producer setting, repeatable (e.g. linger.ms=50: librdkafka sends "
+                           "each partition's batch in a request of its own, so a longer linger means fewer, "
+                           "larger requests for the broker)")
     load.add_argument("--json", action="store_true", help="print the stats as JSON")
     load.add_argument("--quiet", action="store_true", help="no progress lines")
     load.set_defaults(func=cmd_load)
