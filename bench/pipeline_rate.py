@@ -56,7 +56,7 @@ from pathlib import Path
 
 from bench import pipeline_rate_summary as summary
 from bench.common import REPO, node_test, positive_ints, say, write_json
-from eopipe.core.cliargs import duration_seconds
+from eopipe.core import cliargs
 
 NS, NAME, SRC, SINK = "pipeline-rate", "payments", "payments", "payments-enriched"
 EXAMPLE = "examples/payments.yaml"
@@ -311,12 +311,6 @@ def bench(work: Path, rates: tuple[int, ...] = (1000, 10000), seconds: float = 1
     return node_test(TEST, work, out, nodes, {SETTINGS_ENV: json.dumps(settings)})
 
 
-def _cores(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 64:  # the CRD's bounds
-        raise argparse.ArgumentTypeError(f"expected 1 to 64, got {text!r}")
-    return int(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.pipeline_rate", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd")
@@ -327,9 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=180, help="measured seconds per rate (default 180)")
     ap.add_argument("--warmup", type=float, default=20, help="seconds of load before each window (default 20)")
     ap.add_argument("--nodes", type=int, default=1, help="nodes of the tier it starts (default 1)")
-    ap.add_argument("--trigger", type=duration_seconds, help="the Spark stage's trigger instead of the example's (1s)")
+    ap.add_argument("--trigger", type=cliargs.duration_seconds, help="the Spark stage's trigger instead of the example's (1s)")
     ap.add_argument("--spark-cpu", help="the Spark driver's and executors' coreRequest instead of the example's (250m)")
-    ap.add_argument("--executor-cores", type=_cores,
+    ap.add_argument("--executor-cores", type=cliargs.whole_number_between(1, 64),  # the CRD's bounds
                     help="the Spark executor's cores (task slots, 1 to 64) instead of the example's (1)")
     ap.add_argument("--work", type=Path, default=REPO / ".work" / "bench" / "pipeline_rate")
     ap.add_argument("--json", type=Path, help="also write the result as JSON here")

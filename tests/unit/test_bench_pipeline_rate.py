@@ -189,7 +189,7 @@ def test_trigger_and_cores_options_refuse_what_the_crd_refuses(capsys):
         with pytest.raises(SystemExit) as e:
             main(["--executor-cores", bad])
         assert e.value.code == 2
-        assert "expected 1 to 64" in capsys.readouterr().err
+        assert "expected a whole number from 1 to 64" in capsys.readouterr().err
 
 
 def test_request_counts_sum_versions_and_count_a_fetch_once():

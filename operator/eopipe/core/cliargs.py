@@ -38,6 +38,11 @@ def positive_int(text: str) -> int:
     return _number(text, int, "a whole number >= 1", lambda v: v >= 1)
 
 
+def whole_number_between(lo: int, hi: int):
+    """An argparse type: a whole number from lo to hi."""
+    return lambda text: _number(text, int, f"a whole number from {lo} to {hi}", lambda v: lo <= v <= hi)
+
+
 def port(text: str) -> int:
     return _number(text, int, "a port number from 0 to 65535", lambda v: 0 <= v <= 65535)
 

@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Callable
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from eopipe.core import partitioner as partitioners
 
@@ -83,6 +83,10 @@ def send(producer: Producer, topic: str, **record) -> None:
             producer.poll(0.05)
 
 
+class ProducerConfigError(ValueError):
+    """A producer setting librdkafka refuses (unknown, or a bad value)."""
+
+
 class Sender:
     """An idempotent producer's sends to one topic, each partition's first record alone: sent,
     then waited for until delivered or failed (message.timeout.ms) before the next. librdkafka
@@ -92,9 +96,14 @@ class Sender:
 
     def __init__(self, bootstrap: str, topic: str, producer_config: dict | None = None):
         # Reports of failed deliveries only: no Python callback for each record delivered.
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
-                                  "delivery.report.only.error": True, "message.timeout.ms": MESSAGE_TIMEOUT_S * 1000,
-                                  **(producer_config or {})})
+        try:
+            self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
+                                      "delivery.report.only.error": True,
+                                      "message.timeout.ms": MESSAGE_TIMEOUT_S * 1000, **(producer_config or {})})
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError._INVALID_ARG:
+                raise
+            raise ProducerConfigError(e.args[0].str()) from None
         self.topic = topic
         self.failed: list[str] = []
         self._first_written: set[int] = set()
