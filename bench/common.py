@@ -31,6 +31,40 @@ WINDOW_MS = 24 * 3600 * 1000     # the workers run with --window 24h and the def
 SEGMENTS = 4
 
 
+def process_tree(root: int) -> list[int]:
+    """root and its descendants, from /proc/<pid>/stat's parent ids."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def peak_rss_mb(root: int) -> float:
+    """The largest peak RSS (VmHWM) among root's process tree now; 0 once it is gone. Not
+    wait4's ru_maxrss: Linux keeps a process's peak across exec, so a child of the benchmark
+    reports at least the benchmark's own size when it forked (a preload of 1M records: 365 MB)."""
+    peak = 0
+    for pid in process_tree(root):
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except (OSError, ValueError, IndexError):
+            pass  # ended between the listing and the read
+    return peak / 1024
+
+
 def json_log(path: Path) -> list[dict]:
     """A worker's structured log lines (one JSON document each), librdkafka's raw lines skipped."""
     docs = []

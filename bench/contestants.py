@@ -6,8 +6,10 @@ Every contestant is its own process, reads the same preloaded source topic from 
 writes its own output topic. Timing: from process start until its consumer group has committed
 the end of the source (wait_for_group, the same poll for every contestant); Spark commits no
 group offsets, so it is timed until its query ends (trigger availableNow: everything that was
-in the source). CPU and peak RSS come from the kernel: wait4's rusage of the process, after
-SIGTERM (Spark's driver waits for its JVM, so its rusage covers the JVM too).
+in the source). CPU comes from the kernel: wait4's rusage of the process, after SIGTERM (Spark's
+driver waits for its JVM, so its rusage covers the JVM too). Peak RSS is the largest VmHWM in the
+contestant's process tree, read from /proc while it runs (bench.common.peak_rss_mb says why not
+the rusage's).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.common import peak_rss_mb
 from eopipe.core.names import consumer_group
 from eopipe.tools.verify import wait_for_group
 
@@ -134,10 +137,12 @@ def run(c: Contestant, bootstrap: str, source: str, output: str, work: Path, par
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env,
                                 start_new_session=True)
     exited = None  # (status, rusage) once reaped: os.wait4, never Popen.poll, which would drop the rusage
+    peak_mb = 0.0
 
     def check():
-        nonlocal exited
+        nonlocal exited, peak_mb
         if exited is None:
+            peak_mb = max(peak_mb, peak_rss_mb(proc.pid))
             pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 exited = (status, ru)
@@ -149,6 +154,7 @@ def run(c: Contestant, bootstrap: str, source: str, output: str, work: Path, par
         if group is not None:
             wait_for_group(bootstrap, group, source, timeout, stop=check)
             seconds = time.monotonic() - t0
+            peak_mb = max(peak_mb, peak_rss_mb(proc.pid))
             os.kill(proc.pid, signal.SIGTERM)
         else:
             while not _ended(log):
@@ -166,7 +172,7 @@ def run(c: Contestant, bootstrap: str, source: str, output: str, work: Path, par
     status, ru = exited
     if group is None and not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0):
         raise RuntimeError(f"{c.name} ended with status {status:#x}; see {log}")
-    return {"seconds": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime, "max_rss_mb": ru.ru_maxrss / 1024,
+    return {"seconds": seconds, "cpu_seconds": ru.ru_utime + ru.ru_stime, "max_rss_mb": peak_mb,
             "log": str(log)}
 
 

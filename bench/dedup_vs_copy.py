@@ -10,7 +10,7 @@ dropDuplicatesWithinWatermark with the RocksDB state store and the Kafka sink.
 All read the same preloaded source topic (with 20% resends) from the start, each as its own
 process writing its own output topic; each is timed from process start until its consumer group
 has committed the end of the source (Spark: until its availableNow query ended), with CPU time
-and peak RSS from the kernel (wait4 rusage). Steady state, apart from process start and the
+from the kernel (wait4 rusage) and peak RSS from /proc (bench/contestants.py). Steady state, apart from process start and the
 last commit: while a contestant with a consumer group runs, a sampler reads its group's committed
 offsets and its process's CPU time (/proc) every 20 ms; records/s and CPU per record are the
 slope between the samples where 10% and 90% of the source were first committed. Rounds

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import REPO, python, say, standalone
+from bench.common import REPO, process_tree, python, say, standalone
 from bench.dedup_vs_copy import _cpu_seconds
 
 PARTITIONS = 4
@@ -133,28 +133,9 @@ def steady(batches: list[Batch], samples: list[tuple[float, int, float]]) -> dic
 
 
 # -- the driver process tree ------------------------------------------------------------------
-def tree(root: int) -> list[int]:
-    """root and its descendants, from /proc/<pid>/stat's parent ids."""
-    children: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open(f"/proc/{d}/stat", "rb") as f:
-                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(d))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += children.get(pid, [])
-    return out
-
-
 def tree_cpu_seconds(root: int) -> float:
     total = 0.0
-    for pid in tree(root):
+    for pid in process_tree(root):
         try:
             total += _cpu_seconds(pid)
         except (OSError, ValueError, IndexError):

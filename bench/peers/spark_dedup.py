@@ -11,7 +11,7 @@ source at start). Spark's Kafka sink is at-least-once: a micro-batch that is re-
 driver failure writes its records again (bench/vs_peers.py counts them with eopipe verify).
 
 At the end it shuts the JVM down and waits for it, so the parent's wait4 rusage of this
-process covers the JVM (CPU and peak RSS) too.
+process covers the JVM's CPU too.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             break
     print("ended", flush=True)  # the harness stops its clock here
     spark.stop()
-    # The JVM (pyspark's gateway) exits when its stdin closes: wait for it, so its CPU time and
-    # RSS land in this process's children rusage.
+    # The JVM (pyspark's gateway) exits when its stdin closes: wait for it, so its CPU time
+    # lands in this process's children rusage.
     gw = SparkContext._gateway
     proc = getattr(gw, "proc", None)
     if proc is not None:
