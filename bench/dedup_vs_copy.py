@@ -10,10 +10,11 @@ dropDuplicatesWithinWatermark with the RocksDB state store and the Kafka sink.
 All read the same preloaded source topic (with 20% resends) from the start, each as its own
 process writing its own output topic; each is timed from process start until its consumer group
 has committed the end of the source (Spark: until its availableNow query ended), with CPU time
-from the kernel (wait4 rusage) and peak RSS from /proc (bench/contestants.py). Steady state, apart from process start and the
-last commit: while a contestant with a consumer group runs, a sampler reads its group's committed
-offsets and its process's CPU time (/proc) every 20 ms; records/s and CPU per record are the
-slope between the samples where 10% and 90% of the source were first committed. Rounds
+from the kernel (wait4 rusage) and peak RSS from /proc (bench/contestants.py). Steady state,
+apart from process start and the last commit: while a contestant with a consumer group runs, a
+sampler reads its group's committed offsets and its process's CPU time (/proc) every 20 ms;
+records/s and CPU per record are the slope between the samples where 10% and 90% of the source
+were first committed. Rounds
 alternate the contestants so drift on a shared machine hits all alike; the best round counts
 (by steady records/s where there is one). The best round's output of each
 contestant is then read back by eopipe verify (keys = the JSON field `id`): the dedup
