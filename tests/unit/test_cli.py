@@ -60,6 +60,8 @@ def test_version_is_the_installed_distributions():
     (["restore", "examples/payments.yaml", "--namespace", "n"], "give --from-namespace"),
     (["restore", "s3://Bad/x", "--namespace", "n"], "'Bad' is not a bucket name"),
     ([*DEDUP, "--partitions", "0", "--identity", "payments"], "expected NAMESPACE/PIPELINE"),
+    ([*DEDUP, "--partitions", "0", "--kafka-config", "linger.ms=50", "--kafka-config", "isolation.level=read_uncommitted"],
+     "--kafka-config isolation.level, linger.ms: set by the worker itself"),
 ])
 def test_usage_errors_are_one_line_and_exit_2(args, says):
     res = eopipe(*args, timeout=20)  # a worker or load run that starts instead would time out

@@ -56,3 +56,22 @@ def test_clients_do_not_rebootstrap_unless_told(extra, strategy):
     for conf in (clients.consumer_config(cfg, 0), clients.producer_config(cfg, 0)):
         assert conf["metadata.recovery.strategy"] == strategy
         assert isinstance(conf["logger"], ClientLog)
+
+
+@pytest.mark.parametrize("setting, owned", [
+    ("isolation.level", True),            # read_committed: the protocol
+    ("enable.auto.commit", True),         # offsets go in the transaction
+    ("transactional.id", True),           # the fencing
+    ("linger.ms", True),                  # tuning the worker measured (docs/design.md#the-hot-path)
+    ("metadata.recovery.strategy", False),  # the operator's settings win (above)
+    ("security.protocol", False),
+    ("sasl.username", False),
+])
+def test_owned_settings_are_the_ones_a_kafka_config_would_lose(setting, owned):
+    from eopipe.dedup.config import WorkerConfig
+
+    cfg = WorkerConfig(bootstrap="k:9092", source_topic="s", output_topic="o", pipeline="p", partitions=[0],
+                       kafka_config={setting: "x"})
+    assert (setting in clients.owned_settings(cfg)) == owned
+    lost = any(conf.get(setting) != "x" for conf in (clients.consumer_config(cfg, 0), clients.producer_config(cfg, 0)))
+    assert lost == owned

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from eopipe.core import cliargs, kafkaconf
 from eopipe.core.durations import format_duration
-from eopipe.dedup import auth
+from eopipe.dedup import auth, clients
 from eopipe.dedup.config import WorkerConfig, default_http_host, parse_partitions
 
 
@@ -79,7 +79,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     help="RocksDB memory (block cache + memtables) for the whole process")
     ap.add_argument("--kafka-config", type=cliargs.key_value, action="append", default=[], metavar="KEY=VALUE",
                     help="extra librdkafka setting for all clients, repeatable; also read from env "
-                         "EOPIPE_KAFKA_* (EOPIPE_KAFKA_SASL_USERNAME -> sasl.username), as the operator sets them")
+                         "EOPIPE_KAFKA_* (EOPIPE_KAFKA_SASL_USERNAME -> sasl.username), as the operator sets them; "
+                         "a setting the worker gives its clients itself (isolation.level, linger.ms, ...) is refused")
     ap.add_argument("--handoff-timeout", type=cliargs.seconds, metavar="SECONDS",
                     default=float(env("EOPIPE_HANDOFF_TIMEOUT_SECONDS", d["handoff_timeout_seconds"])),
                     help="how long a new owner waits for a moved partition's state before it rebuilds "
@@ -117,7 +118,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
-    return WorkerConfig(
+    cfg = WorkerConfig(
         bootstrap=args.bootstrap, source_topic=args.source_topic, output_topic=args.output_topic,
         dlq_topic=args.dlq_topic, pipeline=args.pipeline, namespace=args.namespace,
         identity=args.identity, partitions=args.partitions, assignment_file=args.assignment_file,
@@ -132,6 +133,11 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         backup_uri=args.backup_uri, backup_interval_seconds=args.backup_interval,
         backup_retention=args.backup_retention, backup_endpoint=args.backup_endpoint,
         pipeline_manifest=args.pipeline_manifest)
+    taken = sorted(clients.owned_settings(cfg) & {k for k, _ in args.kafka_config})
+    if taken:
+        raise ValueError(f"--kafka-config {', '.join(taken)}: set by the worker itself for its exactly-once "
+                         "clients (docs/design.md#one-transaction)")
+    return cfg
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:

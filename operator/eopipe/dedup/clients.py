@@ -40,8 +40,21 @@ def _base(cfg: WorkerConfig) -> dict:
 
 
 def consumer_config(cfg: WorkerConfig, p: int) -> dict:
+    return {**_base(cfg), **_consumer_own(cfg, p)}
+
+
+def producer_config(cfg: WorkerConfig, p: int) -> dict:
+    return {**_base(cfg), **_producer_own(cfg, p)}
+
+
+def owned_settings(cfg: WorkerConfig) -> set[str]:
+    """The settings the worker gives its consumers and producers over the operator's (the
+    protocol's and its tuning): a --kafka-config of one of them would be lost."""
+    return set(_consumer_own(cfg, 0)) | set(_producer_own(cfg, 0))
+
+
+def _consumer_own(cfg: WorkerConfig, p: int) -> dict:
     return {
-        **_base(cfg),
         "group.id": cfg.group_id,
         "client.id": f"{cfg.transactional_id(p)}.consumer",
         "enable.auto.commit": False,
@@ -58,10 +71,9 @@ def consumer_config(cfg: WorkerConfig, p: int) -> dict:
     }
 
 
-def producer_config(cfg: WorkerConfig, p: int) -> dict:
+def _producer_own(cfg: WorkerConfig, p: int) -> dict:
     txid = cfg.transactional_id(p)
     return {
-        **_base(cfg),
         "client.id": f"{txid}.producer",
         "transactional.id": txid,
         "transaction.timeout.ms": int(cfg.transaction_timeout_seconds * 1000),
