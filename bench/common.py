@@ -50,19 +50,24 @@ def process_tree(root: int) -> list[int]:
     return out
 
 
+def proc_memory(pid: int) -> dict[str, int]:
+    """/proc/<pid>/status memory lines in kB (VmRSS, VmHWM, ...); {} once it exited."""
+    out = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            k, _, v = line.partition(":")
+            if k.startswith("Vm") or k.startswith("Rss"):
+                out[k] = int(v.split()[0])
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def peak_rss_mb(root: int) -> float:
     """The largest peak RSS (VmHWM) among root's process tree now; 0 once it is gone. Not
     wait4's ru_maxrss: Linux keeps a process's peak across exec, so a child of the benchmark
     reports at least the benchmark's own size when it forked (a preload of 1M records: 365 MB)."""
-    peak = 0
-    for pid in process_tree(root):
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    peak = max(peak, int(line.split()[1]))
-        except (OSError, ValueError, IndexError):
-            pass  # ended between the listing and the read
-    return peak / 1024
+    return max((proc_memory(pid).get("VmHWM", 0) for pid in process_tree(root)), default=0) / 1024
 
 
 def json_log(path: Path) -> list[dict]:
@@ -263,16 +268,7 @@ class Worker:
         return out
 
     def proc_status(self) -> dict[str, int]:
-        """/proc/<pid>/status memory lines in kB (VmRSS, VmHWM, ...); {} once it exited."""
-        out = {}
-        try:
-            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-                k, _, v = line.partition(":")
-                if k.startswith("Vm") or k.startswith("Rss"):
-                    out[k] = int(v.split()[0])
-        except (OSError, ValueError):
-            pass
-        return out
+        return proc_memory(self.proc.pid)
 
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

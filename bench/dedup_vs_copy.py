@@ -14,10 +14,9 @@ from the kernel (wait4 rusage) and peak RSS from /proc (bench/contestants.py). S
 apart from process start and the last commit: while a contestant with a consumer group runs, a
 sampler reads its group's committed offsets and its process's CPU time (/proc) every 20 ms;
 records/s and CPU per record are the slope between the samples where 10% and 90% of the source
-were first committed. Rounds
-alternate the contestants so drift on a shared machine hits all alike; the best round counts
-(by steady records/s where there is one). The best round's output of each
-contestant is then read back by eopipe verify (keys = the JSON field `id`): the dedup
+were first committed. Rounds alternate the contestants so drift on a shared machine hits all
+alike; the best round counts (by steady records/s where there is one). The best round's output
+of each contestant is then read back by eopipe verify (keys = the JSON field `id`): the dedup
 contestants must hold each key once, the copiers every record. With peers, Spark's duplicates
 after a driver SIGKILL follow (bench/spark_kill.py).
 """
