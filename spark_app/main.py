@@ -296,7 +296,7 @@ def _checkpoint_refused(error: str) -> bool:
 
 
 def start_query(spark, cfg: Config):
-    from spark_app.sink_kafka import KafkaSinkBatchWriter, SinkParams, one_task_at_a_time
+    from spark_app.sink_kafka import KafkaSinkBatchWriter, SinkParams, one_slot, one_task_at_a_time
 
     from spark_app.sink_position import clear_unplanned_checkpoint
 
@@ -314,9 +314,12 @@ def start_query(spark, cfg: Config):
     else:
         w = w.trigger(processingTime=f"{cfg.trigger_ms} milliseconds")
     if isinstance(cfg.sink, KafkaSink):
+        conf = dict(spark.sparkContext.getConf().getAll())
         params = SinkParams(cfg.sink.topic, cfg.sink.commit_topic, cfg.transactional_id_prefix,
-                            cfg.kafka_client_config(),
-                            keep_producers=one_task_at_a_time(dict(spark.sparkContext.getConf().getAll())))
+                            cfg.kafka_client_config(), keep_producers=one_task_at_a_time(conf),
+                            one_task=one_slot(conf))
+        if params.one_task:
+            log("the job has one task slot: the sink writes a batch of a narrow plan in one task")
         w = w.foreachBatch(KafkaSinkBatchWriter(params, spark, name))
     else:
         assert isinstance(cfg.sink, FileSink)

@@ -24,6 +24,12 @@ partition p straight from the scan, `task-<i>` for task i of a plan that shuffle
   task that committed B (a speculative copy, a retry on another executor): the task goes the
   first way, with a new producer and the marker.
 
+* Where the whole job has one task slot, the batch of a plan without a shuffle is written by
+  one task (sink_units.one_task_unit) that writes every unit's marker in its one transaction:
+  to a replay that runs the tasks apart, each finds its unit written. The driver's first batch
+  of a run writes that way only if its units' markers hold none or all of it (fence_and_read
+  first), since a previous run may have written part of it task by task.
+
 Why a unit of a replayed micro-batch holds the same rows as in the batch's first run:
   1. Spark writes the offset range of batch B (per Kafka partition: from, until) to the
      checkpoint's offset log BEFORE running B, and marks B done in the commit log only AFTER
@@ -75,7 +81,8 @@ from typing import Callable, Iterable
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from spark_app.sink_position import watermarks
-from spark_app.sink_units import Unit, UnknownLegacyWrites, decide, legacy_may_hold, legacy_written, observe
+from spark_app.sink_units import (ONE_TASK_SUFFIX, Unit, UnknownLegacyWrites, decide, legacy_may_hold, legacy_written,
+                                  observe, one_task_may_write, one_task_unit)
 from spark_app.upgrade import CHECKPOINT_REFUSED
 
 # Fault-test hook only: seconds to sleep between writing a task's rows and committing, so a
@@ -98,6 +105,8 @@ class SinkParams:
     client_config: dict  # librdkafka settings incl. bootstrap.servers and credentials
     # Keep each unit's producer in the Python worker between batches (one_task_at_a_time).
     keep_producers: bool = False
+    # Write a narrow plan's batch in one task (sink_units.one_task_unit): the job has one slot.
+    one_task: bool = False
 
     def transactional_id(self, unit: Unit) -> str:
         return f"{self.transactional_id_prefix}.{unit.txn_suffix}"
@@ -114,7 +123,7 @@ class Marker:
     query: str | None
     rows: int | None = None
 
-    def encode(self, unit: Unit, attempt: int, rows: int) -> bytes:
+    def encode(self, unit: Unit, attempt: int, rows: int | None) -> bytes:
         # The source ranges the unit's rows came from: what a query that lost its checkpoint
         # needs to know where the sink stands.
         return json.dumps({"task": self.task, "batch": self.batch, "query": self.query,
@@ -167,24 +176,39 @@ def _new_producer(params: SinkParams, transactional_id: str) -> Producer:
 _IDLE: dict[str, Producer] = {}
 
 
-def one_task_at_a_time(conf: dict[str, str], cpus: int | None = None) -> bool:
-    """Whether each executor runs one task at a time, from the Spark settings (`cpus`: the
-    machine's, for local[*]): then it has one Python worker, and as Kafka's source prefers one
-    executor for each partition's task, a unit comes back to the worker that kept its producer.
-    With more task slots units move between workers, and each move would fence the kept
-    producer (costing a marker read instead of saving an init)."""
+def task_slots(conf: dict[str, str], cpus: int | None = None) -> tuple[int, int | None]:
+    """(task slots per executor, executors) from the Spark settings (`cpus`: the machine's, for
+    local[*]): 0 slots where unknown (local-cluster, a setting that does not parse), None
+    executors where their number varies (dynamic allocation)."""
     master = conf.get("spark.master", "")
     try:
         m = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master)
         if m:
-            cores = (cpus or os.cpu_count() or 0) if m.group(1) == "*" else int(m.group(1) or 1)
+            cores, executors = (cpus or os.cpu_count() or 0) if m.group(1) == "*" else int(m.group(1) or 1), 1
         elif master.startswith("local"):  # local-cluster[...]: several executors, unknown slots
-            return False
+            return 0, None
         else:
             cores = int(conf.get("spark.executor.cores", "1"))
-        return cores // int(conf.get("spark.task.cpus", "1")) == 1
+            # Spark on Kubernetes starts 2 executors when the number is not set.
+            executors = None if conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true" \
+                else int(conf.get("spark.executor.instances", "2"))
+        return cores // int(conf.get("spark.task.cpus", "1")), executors
     except (ValueError, ZeroDivisionError):
-        return False
+        return 0, None
+
+
+def one_task_at_a_time(conf: dict[str, str], cpus: int | None = None) -> bool:
+    """Whether each executor runs one task at a time: then it has one Python worker, and as
+    Kafka's source prefers one executor for each partition's task, a unit comes back to the
+    worker that kept its producer. With more task slots units move between workers, and each
+    move would fence the kept producer (costing a marker read instead of saving an init)."""
+    return task_slots(conf, cpus)[0] == 1
+
+
+def one_slot(conf: dict[str, str], cpus: int | None = None) -> bool:
+    """Whether the whole job runs one task at a time: then a narrow plan's tasks would run one
+    after another anyway, and the sink writes a batch in one task (sink_units.one_task_unit)."""
+    return task_slots(conf, cpus) == (1, 1)
 
 
 def _still_newest(producer: Producer, params: SinkParams, row) -> bool:
@@ -361,8 +385,14 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
             n += 1
             if n % 10000 == 0:
                 producer.poll(0)
-        producer.produce(params.commit_topic, key=unit.marker_key.encode(),
-                         value=Marker(task, batch_id, query).encode(unit, attempt, n), partition=partition)
+        if unit.covers:  # each covered unit's own marker (its rows are not counted apart)
+            parts = commit_partitions(params, producer)
+            for u in unit.covers:
+                producer.produce(params.commit_topic, key=u.marker_key.encode(),
+                                 value=Marker(u.task, batch_id, query).encode(u, attempt, None), partition=u.slot % parts)
+        else:
+            producer.produce(params.commit_topic, key=unit.marker_key.encode(),
+                             value=Marker(task, batch_id, query).encode(unit, attempt, n), partition=partition)
         delay = float(os.environ.get(COMMIT_DELAY_ENV) or 0)
         if delay:
             producer.flush(TIMEOUT_S)
@@ -402,24 +432,32 @@ def _commit(producer: Producer) -> None:
 
 # ------------------------------------------------------------------------------ driver side
 
-def legacy_done(params: SinkParams, units: list[Unit], batch_id: int, query: str,
-                counts: Callable[[], list[int]]) -> frozenset[int]:
-    """On the driver, for the first batch it runs (maybe a replay): the tasks the task-index
-    sink, which ran before an upgrade, wrote already (sink_units.legacy_written); `counts` runs
-    a job for each task's rows, needed only when that sink wrote part of this batch. Its markers
-    are read only when this sink's do not rule it out (sink_units.legacy_may_hold)."""
-    # Fence the task producers of the last driver, under both namings, first: their open
-    # transactions are aborted, so the markers can be read to the end and what they say is final.
-    # At once, not one after another: each is a coordinator round trip or more, at start-up.
+def fence_and_read(params: SinkParams, units: list[Unit]) -> list[Marker | None]:
+    """On the driver, for the first batch it runs (maybe a replay): fences the task producers
+    of the last driver, under every naming (the units', the task-index sink's, the one-task
+    unit's), so their open transactions are aborted and the markers read after it are final;
+    then each unit's last marker. Fenced at once, not one after another: each is a coordinator
+    round trip or more, at start-up."""
     ids = [params.transactional_id(u) for u in units]
     ids += [params.legacy_transactional_id(u) for u in units if u.legacy_key]
+    ids.append(f"{params.transactional_id_prefix}.{ONE_TASK_SUFFIX}")
     with ThreadPoolExecutor(max_workers=8) as pool:
         for p in pool.map(lambda tid: _new_producer(params, tid), ids):
             p.flush(0)
     n = commit_partitions(params)
-    mine = [read_marker(params, u.marker_key, u.slot % n) for u in units]
+    return [read_marker(params, u.marker_key, u.slot % n) for u in units]
+
+
+def legacy_done(params: SinkParams, units: list[Unit], batch_id: int, query: str,
+                counts: Callable[[], list[int]], mine: list[Marker | None]) -> frozenset[int]:
+    """On the driver, for the first batch it runs (maybe a replay), after fence_and_read (`mine`):
+    the tasks the task-index sink, which ran before an upgrade, wrote already
+    (sink_units.legacy_written); `counts` runs a job for each task's rows, needed only when that
+    sink wrote part of this batch. Its markers are read only when this sink's do not rule it out
+    (sink_units.legacy_may_hold)."""
     if not legacy_may_hold([(m.query, m.batch) if m else None for m in mine], query, batch_id):
         return frozenset()
+    n = commit_partitions(params)
     old = [read_marker(params, u.legacy_key, u.task % n) for u in units if u.legacy_key]
     old = [m for m in old if m is not None and m.query == query]
     for m in old:
@@ -460,12 +498,27 @@ class KafkaSinkBatchWriter:
         rdd = records.rdd  # once: its partitions are the tasks the units are read from
         t1 = time.monotonic()
         query = self._query()
-        units = decide(observe(rdd, query._jsq.streamingQuery().lastExecution().executedPlan()))
+        facts = observe(rdd, query._jsq.streamingQuery().lastExecution().executedPlan())
+        units = decide(facts)
+        one = one_task_unit(facts, units) if self.params.one_task else None
         t2 = time.monotonic()
         done = frozenset()
         if batch_id == self.first_batch_of_run and any(u.legacy_key for u in units):
-            done = legacy_done(self.params, units, batch_id, str(query.id),
-                               lambda: rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect())
+            mine = fence_and_read(self.params, units)
+            qid = str(query.id)
+            for u, m in zip(units, mine):
+                if m is not None and m.query == qid:
+                    _check_not_rewound(self.params, u.marker_key, m, batch_id)
+            done = legacy_done(self.params, units, batch_id, qid,
+                               lambda: rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect(), mine)
+            if one is not None and (done or not one_task_may_write(
+                    [(m.query, m.batch) if m else None for u, m in zip(units, mine) if u in one.covers],
+                    qid, batch_id)):
+                _log(f"batch {batch_id}: replay of a batch a previous run wrote in part, task by task: "
+                     "written task by task again")
+                one = None
+        if one is not None:
+            rdd, units = rdd.coalesce(1), [one]
         rdd.foreachPartition(partial(write_partition, self.params, batch_id,
                                      self.first_batch_of_run, units, old_sink_wrote=done))
         if _DEBUG:

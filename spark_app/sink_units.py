@@ -56,6 +56,9 @@ class Unit:
     ranges: tuple[SourceRange, ...] = ()
     legacy_key: str | None = None  # the task-index marker an older sink may have written instead
     parts: int = 0  # how many parts Spark split this unit's source range into (0: not split)
+    # A one-task batch's unit: the units of the narrow plan it writes together, each under
+    # its own marker (one_task_unit).
+    covers: tuple["Unit", ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,35 @@ def decide(facts: PlanFacts) -> list[Unit]:
         units.append(Unit(i, f"src-{name}", f"p{name}", r.partition, ranges, legacy_key=f"task-{i}",
                           parts=len(parts) if len(parts) > 1 else 0))
     return units
+
+
+ONE_TASK_SUFFIX = "batch"  # the one-task unit's transactional.id suffix
+
+
+def one_task_unit(facts: PlanFacts, units: list[Unit]) -> Unit | None:
+    """The unit of ONE task writing a whole batch of a narrow plan, or None where the plan is
+    not narrow (a shuffle's tasks keep their own) or one task reads it already.
+
+    Where the job has one task slot the plan's tasks run one after another anyway, and each
+    costs a fixed tens of milliseconds (Spark's scheduling, a transaction): one task does
+    them together. The order it reads the partitions in does not matter, since it reads all;
+    what its transaction writes is every covered unit's own marker, so a replay that has the
+    plan's tasks run apart finds each of them written, exactly as if they had run apart."""
+    covers = tuple(u for u in units if u.ranges)
+    if len(covers) < 2 or any(t is None for t in facts.tasks):
+        return None
+    first = covers[0]
+    return Unit(0, first.marker_key, ONE_TASK_SUFFIX, first.slot,
+                tuple(r for u in covers for r in u.ranges), covers=covers)
+
+
+def one_task_may_write(markers: Sequence[tuple[str | None, int] | None], query: str, batch: int) -> bool:
+    """Whether the first batch of a run (maybe a replay) may be written by one task, from the
+    last marker of each unit it covers ((query, batch), None if never written): only if none
+    of them or all of them hold this batch. A previous run that wrote it task by task and
+    stopped part way needs the tasks apart, each skipping what it finds written."""
+    held = [m is not None and m[0] == query and m[1] == batch for m in markers]
+    return all(held) or not any(held)
 
 
 def legacy_may_hold(markers: Sequence[tuple[str | None, int] | None], query: str, batch: int) -> bool:

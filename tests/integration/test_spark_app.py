@@ -158,6 +158,11 @@ def _units(source: str, *partitions: int) -> list:
         (sink_units.SourceRange(source, p, 0, 5),) for p in partitions)))
 
 
+def _legacy_done(params, units, batch, query, counts):
+    """What the driver does for the first batch of a run: fence, read the markers, then ask."""
+    return sink_kafka.legacy_done(params, units, batch, query, counts, sink_kafka.fence_and_read(params, units))
+
+
 @pytest.mark.kafka
 def test_sink_protocol_skips_committed_batches_and_refuses_a_rewound_checkpoint(kafka_bootstrap, monkeypatch):
     """write_partition as Spark tasks call it, with a stand-in TaskContext."""
@@ -247,7 +252,7 @@ def test_a_replay_after_an_upgrade_from_the_task_index_sink(kafka_bootstrap, mon
     old_sink_writes(params, t, 1, 7)
     zombie = old_sink_writes(params, t, 2, 0, commit=False)
     counts = [len(replay[p]) for p in (7, 0, 4)]
-    done = sink_kafka.legacy_done(params, units, 5, "q", lambda: counts)
+    done = _legacy_done(params, units, 5, "q", lambda: counts)
     assert done == {0, 2}
     with pytest.raises(Exception):
         zombie.commit_transaction(10)  # fenced by the upgraded driver
@@ -257,9 +262,9 @@ def test_a_replay_after_an_upgrade_from_the_task_index_sink(kafka_bootstrap, mon
     out = Counter(m.key().decode() for m in TopicReader(kafka_bootstrap).read(t.sink))
     assert out == Counter(k for rows in replay.values() for k, _ in rows), out
     # Having written batch 5 under its own names, the sink never reads the old markers again.
-    assert sink_kafka.legacy_done(params, units, 6, "q", lambda: pytest.fail("counted")) == frozenset()
+    assert _legacy_done(params, units, 6, "q", lambda: pytest.fail("counted")) == frozenset()
     # Another query's markers (a new checkpoint) are not this query's past.
-    assert sink_kafka.legacy_done(params, _units(t.source, 7, 0, 4), 5, "q2", lambda: pytest.fail("counted")) == frozenset()
+    assert _legacy_done(params, _units(t.source, 7, 0, 4), 5, "q2", lambda: pytest.fail("counted")) == frozenset()
 
     # Two tasks of the replay have the rows of the one the old sink wrote: refused, loudly.
     t2 = Topics(kafka_bootstrap, partitions=1)
@@ -267,7 +272,59 @@ def test_a_replay_after_an_upgrade_from_the_task_index_sink(kafka_bootstrap, mon
                                     {"bootstrap.servers": kafka_bootstrap})
     old_sink_writes(params2, t2, 0, 7)
     with pytest.raises(sink_kafka.InconsistentCheckpoint, match="checkpoint refused: batch 5 is a replay"):
-        sink_kafka.legacy_done(params2, _units(t2.source, 7, 0, 4), 5, "q", lambda: [2, 2, 3])
+        _legacy_done(params2, _units(t2.source, 7, 0, 4), 5, "q", lambda: [2, 2, 3])
+
+
+@pytest.mark.kafka
+def test_one_task_batches_and_replays_that_ran_their_tasks_apart(kafka_bootstrap, monkeypatch):
+    """Where the job has one slot a batch of a narrow plan is written by one task, under each
+    source unit's own marker. A replay whose plan runs the tasks apart (the job got more slots)
+    finds each of them written; a batch a previous run wrote in part, task by task, is
+    replayed task by task; the one-task producer of a dead driver is fenced at start-up."""
+    import pyspark
+
+    t = Topics(kafka_bootstrap, partitions=3)
+    params = sink_kafka.SinkParams(t.sink, t.commits, f"eopipe.test.{t.pipeline}.spark",
+                                   {"bootstrap.servers": kafka_bootstrap}, one_task=True)
+    facts = sink_units.PlanFacts(tuple((sink_units.SourceRange(t.source, p, 0, 5),) for p in (2, 0, 1)))
+    units = sink_units.decide(facts)
+    one = sink_units.one_task_unit(facts, units)
+    ctx = {"c": _FakeTaskContext(0, 0, "q")}
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: ctx["c"]))
+
+    def rows(batch, p):
+        return [(f"b{batch}-p{p}-{i}", "{}") for i in range(3)]
+
+    def apart(batch, first, tasks=(0, 1, 2)):
+        for task in tasks:
+            ctx["c"] = _FakeTaskContext(task, 0, "q")
+            sink_kafka.write_partition(params, batch, first, units, rows(batch, (2, 0, 1)[task]))
+
+    def marked(batch):
+        return [(m.query, m.batch) if m else None for m in sink_kafka.fence_and_read(params, units)]
+
+    ctx["c"] = _FakeTaskContext(0, 0, "q")
+    sink_kafka.write_partition(params, 1, 1, [one], [r for p in (2, 0, 1) for r in rows(1, p)])
+    assert marked(1) == [("q", 1)] * 3  # every unit's marker, in the one transaction
+    apart(1, 1)  # a replay with the tasks apart: each skips
+    apart(2, 1, tasks=(0, 1))  # a run with the tasks apart dies after two of batch 2's three
+    assert not sink_units.one_task_may_write(marked(2), "q", 2)
+    apart(2, 2)  # so the replay runs them apart: the third is written
+    # A driver died with batch 3 open in its one-task transaction: the next driver's start fences it.
+    zombie = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": params.transactional_id(one)})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(t.sink, key="zombie", value="{}")
+    zombie.flush(10)
+    assert sink_units.one_task_may_write(marked(3), "q", 3)
+    with pytest.raises(Exception):
+        zombie.commit_transaction(10)
+    ctx["c"] = _FakeTaskContext(0, 0, "q")
+    sink_kafka.write_partition(params, 3, 3, [one], [r for p in (2, 0, 1) for r in rows(3, p)])
+    ctx["c"] = _FakeTaskContext(0, 1, "q")  # a retry of it after it committed: skipped
+    sink_kafka.write_partition(params, 3, 3, [one], [r for p in (2, 0, 1) for r in rows(3, p)])
+    out = Counter(m.key().decode() for m in TopicReader(kafka_bootstrap).read(t.sink))
+    assert out == Counter(k for b in (1, 2, 3) for p in (2, 0, 1) for k, _ in rows(b, p)), out
 
 
 @pytest.mark.kafka
@@ -448,8 +505,13 @@ def test_driver_sigkills_mid_batch_a_lost_checkpoint_and_a_replayed_committed_ba
 
     # A kill inside an open transaction, its replay planned from the checkpoint's offset log (a
     # second try if the transaction committed just before the kill: one kill that lands is the proof).
+    # The first run has two task slots and writes a batch's tasks apart; the next ones have one and
+    # write a batch in one task (sink_units.one_task_unit), so the replay meets a batch the tasks
+    # apart wrote in part.
+    one_slot = {**t.config(tmp_path), "spark_conf": {"spark.master": "local[1,4]"}}
     for _ in range(2):
         hit = kill_in_a_transaction()
+        d.config_path.write_text(json.dumps(one_slot))
         d.start()
         d.wait_running()
         if hit:
@@ -496,6 +558,7 @@ def test_driver_sigkills_mid_batch_a_lost_checkpoint_and_a_replayed_committed_ba
         time.sleep(0.5)
     assert (ck / "commits" / str(last)).exists(), "the replayed batch did not complete"
     assert f"batch {last} task" in d.log_text() and "replay, marker holds this batch, skipped" in d.log_text()
+    assert "the sink writes a batch of a narrow plan in one task" in d.log_text()
 
     rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, order=False, settle=5, timeout=180)
     assert rep.ok and rep.lost == 0 and rep.duplicated == 0, rep.line()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spark_app.sink_kafka import one_task_at_a_time
+from spark_app.sink_kafka import one_slot, one_task_at_a_time, task_slots
 
 
 @pytest.mark.parametrize("conf, cpus, one", [
@@ -22,3 +22,20 @@ from spark_app.sink_kafka import one_task_at_a_time
 ])
 def test_one_task_at_a_time(conf, cpus, one):
     assert one_task_at_a_time(conf, cpus) is one
+
+
+@pytest.mark.parametrize("conf, cpus, slots, one", [
+    ({"spark.master": "local[1,4]"}, 8, (1, 1), True),
+    ({"spark.master": "local[*]"}, 2, (2, 1), False),
+    ({"spark.master": "local-cluster[2,1,1024]"}, 8, (0, None), False),
+    ({"spark.master": "k8s://x", "spark.executor.instances": "1"}, 8, (1, 1), True),
+    ({"spark.master": "k8s://x"}, 8, (1, 2), False),  # Spark's default: 2 executors
+    ({"spark.master": "k8s://x", "spark.executor.instances": "1", "spark.executor.cores": "2"}, 8, (2, 1), False),
+    ({"spark.master": "k8s://x", "spark.executor.instances": "1", "spark.dynamicAllocation.enabled": "true"},
+     8, (1, None), False),
+    ({"spark.master": "k8s://x", "spark.executor.instances": "one"}, 8, (0, None), False),
+])
+def test_the_jobs_task_slots(conf, cpus, slots, one):
+    """Where the whole job has one slot the sink writes a narrow batch in one task."""
+    assert task_slots(conf, cpus) == slots
+    assert one_slot(conf, cpus) is one

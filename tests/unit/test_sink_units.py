@@ -3,7 +3,7 @@
 import pytest
 
 from spark_app.sink_units import (PlanFacts, SourceRange, UnknownLegacyWrites, UnsupportedPlan, decide, legacy_may_hold,
-                                  legacy_written)
+                                  legacy_written, one_task_may_write, one_task_unit)
 
 
 def r(p: int, start: int = 0, end: int = 10) -> tuple[SourceRange, ...]:
@@ -95,3 +95,41 @@ MAY_HOLD = [
 @pytest.mark.parametrize("markers,want", [c[1:] for c in MAY_HOLD], ids=[c[0] for c in MAY_HOLD])
 def test_when_the_task_index_sinks_markers_are_read(markers, want):
     assert legacy_may_hold(markers, "q", 5) is want
+
+
+ONE_TASK = [
+    # (case, facts, the one-task unit's (marker key, slot, covered marker keys), or None: tasks apart)
+    ("narrow: one task covers every unit with a range; the first names it",
+     PlanFacts((r(2), r(0), ())), ("src-2", 2, ["src-2", "src-0"])),
+    ("a split partition's parts are covered apart", PlanFacts((r(1, 50, 100), r(1, 0, 50))),
+     ("src-1.1", 1, ["src-1.1", "src-1.0"])),
+    ("a shuffle by key: its tasks stay apart", PlanFacts((None, None)), None),
+    ("a task reading a shuffle beside source tasks: apart", PlanFacts((r(0), None)), None),
+    ("one source partition with data: nothing to join", PlanFacts((r(0), ())), None),
+    ("one task already", PlanFacts((r(0) + r(1),)), None),
+]
+
+
+@pytest.mark.parametrize("facts,want", [c[1:] for c in ONE_TASK], ids=[c[0] for c in ONE_TASK])
+def test_the_one_task_unit_of_a_batch(facts, want):
+    one = one_task_unit(facts, decide(facts))
+    got = one and (one.marker_key, one.slot, [u.marker_key for u in one.covers])
+    assert got == want
+    if one:
+        assert (one.task, one.txn_suffix) == (0, "batch")
+        assert one.ranges == tuple(x for u in one.covers for x in u.ranges)
+
+
+ONE_TASK_REPLAY = [
+    # (case, the covered units' last markers as (query, batch) or None, batch 5 of q in one task)
+    ("nothing of batch 5 written", [None, ("q", 4)], True),
+    ("all of it written (the task finds its first marker and skips)", [("q", 5), ("q", 5)], True),
+    ("a previous run wrote part of it task by task", [("q", 5), ("q", 4)], False),
+    ("part of it, the rest never written", [None, ("q", 5)], False),
+    ("another query's batch 5 is not this one's", [("q0", 5), None], True),
+]
+
+
+@pytest.mark.parametrize("markers,want", [c[1:] for c in ONE_TASK_REPLAY], ids=[c[0] for c in ONE_TASK_REPLAY])
+def test_when_a_replay_may_be_written_in_one_task(markers, want):
+    assert one_task_may_write(markers, "q", 5) is want
