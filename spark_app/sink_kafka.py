@@ -514,8 +514,7 @@ class KafkaSinkBatchWriter:
             if one is not None and (done or not one_task_may_write(
                     [(m.query, m.batch) if m else None for u, m in zip(units, mine) if u in one.covers],
                     qid, batch_id)):
-                _log(f"batch {batch_id}: replay of a batch a previous run wrote in part, task by task: "
-                     "written task by task again")
+                _log(f"batch {batch_id}: a previous run wrote part of it task by task: its tasks run apart")
                 one = None
         if one is not None:
             rdd, units = rdd.coalesce(1), [one]
