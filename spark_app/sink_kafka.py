@@ -184,7 +184,8 @@ def task_slots(conf: dict[str, str], cpus: int | None = None) -> tuple[int, int 
     try:
         m = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master)
         if m:
-            cores, executors = (cpus or os.cpu_count() or 0) if m.group(1) == "*" else int(m.group(1) or 1), 1
+            cores = (cpus or os.cpu_count() or 0) if m.group(1) == "*" else int(m.group(1) or 1)
+            executors = 1
         elif master.startswith("local"):  # local-cluster[...]: several executors, unknown slots
             return 0, None
         else:
@@ -354,7 +355,8 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
     if producer is None:
         producer = _new_producer(params, tid)
     t_init = time.monotonic() - t0
-    partition = unit.slot % commit_partitions(params, producer)
+    parts = commit_partitions(params, producer)
+    partition = unit.slot % parts
 
     if check:
         if task in old_sink_wrote:
@@ -385,14 +387,10 @@ def write_partition(params: SinkParams, batch_id: int, first_batch_of_run: int,
             n += 1
             if n % 10000 == 0:
                 producer.poll(0)
-        if unit.covers:  # each covered unit's own marker (its rows are not counted apart)
-            parts = commit_partitions(params, producer)
-            for u in unit.covers:
-                producer.produce(params.commit_topic, key=u.marker_key.encode(),
-                                 value=Marker(u.task, batch_id, query).encode(u, attempt, None), partition=u.slot % parts)
-        else:
-            producer.produce(params.commit_topic, key=unit.marker_key.encode(),
-                             value=Marker(task, batch_id, query).encode(unit, attempt, n), partition=partition)
+        # A one-task unit writes each covered unit's own marker (their rows are not counted apart).
+        for u in unit.covers or (unit,):
+            producer.produce(params.commit_topic, key=u.marker_key.encode(), partition=u.slot % parts,
+                             value=Marker(u.task, batch_id, query).encode(u, attempt, None if unit.covers else n))
         delay = float(os.environ.get(COMMIT_DELAY_ENV) or 0)
         if delay:
             producer.flush(TIMEOUT_S)
@@ -477,6 +475,25 @@ def legacy_done(params: SinkParams, units: list[Unit], batch_id: int, query: str
     return done
 
 
+def settle_first_batch(params: SinkParams, units: list[Unit], one: Unit | None, batch_id: int, query: str,
+                       counts: Callable[[], list[int]]) -> tuple[frozenset[int], Unit | None]:
+    """On the driver, for the first batch of a run (maybe a replay) of a plan with source units:
+    fences the last driver's writers and reads the units' markers (fence_and_read), refuses a
+    rewound checkpoint, and returns the tasks the task-index sink wrote (legacy_done) and `one`,
+    the one-task unit, if the batch may still be written in one task, else None
+    (sink_units.one_task_may_write)."""
+    mine = fence_and_read(params, units)
+    for u, m in zip(units, mine):
+        if m is not None and m.query == query:
+            _check_not_rewound(params, u.marker_key, m, batch_id)
+    done = legacy_done(params, units, batch_id, query, counts, mine)
+    if one is not None and (done or not one_task_may_write(
+            [(m.query, m.batch) if m else None for u, m in zip(units, mine) if u in one.covers], query, batch_id)):
+        _log(f"batch {batch_id}: a previous run wrote part of it task by task: its tasks run apart")
+        one = None
+    return done, one
+
+
 class KafkaSinkBatchWriter:
     """The foreachBatch function (runs on the driver, once per micro-batch)."""
 
@@ -504,18 +521,8 @@ class KafkaSinkBatchWriter:
         t2 = time.monotonic()
         done = frozenset()
         if batch_id == self.first_batch_of_run and any(u.legacy_key for u in units):
-            mine = fence_and_read(self.params, units)
-            qid = str(query.id)
-            for u, m in zip(units, mine):
-                if m is not None and m.query == qid:
-                    _check_not_rewound(self.params, u.marker_key, m, batch_id)
-            done = legacy_done(self.params, units, batch_id, qid,
-                               lambda: rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect(), mine)
-            if one is not None and (done or not one_task_may_write(
-                    [(m.query, m.batch) if m else None for u, m in zip(units, mine) if u in one.covers],
-                    qid, batch_id)):
-                _log(f"batch {batch_id}: a previous run wrote part of it task by task: its tasks run apart")
-                one = None
+            done, one = settle_first_batch(self.params, units, one, batch_id, str(query.id),
+                                           lambda: rdd.mapPartitions(lambda it: [sum(1 for _ in it)]).collect())
         if one is not None:
             rdd, units = rdd.coalesce(1), [one]
         rdd.foreachPartition(partial(write_partition, self.params, batch_id,

@@ -159,8 +159,8 @@ def _units(source: str, *partitions: int) -> list:
 
 
 def _legacy_done(params, units, batch, query, counts):
-    """What the driver does for the first batch of a run: fence, read the markers, then ask."""
-    return sink_kafka.legacy_done(params, units, batch, query, counts, sink_kafka.fence_and_read(params, units))
+    """What the driver settles for the first batch of a run: the tasks the task-index sink wrote."""
+    return sink_kafka.settle_first_batch(params, units, None, batch, query, counts)[0]
 
 
 @pytest.mark.kafka
@@ -300,15 +300,18 @@ def test_one_task_batches_and_replays_that_ran_their_tasks_apart(kafka_bootstrap
             ctx["c"] = _FakeTaskContext(task, 0, "q")
             sink_kafka.write_partition(params, batch, first, units, rows(batch, (2, 0, 1)[task]))
 
-    def marked(batch):
+    def marked():
         return [(m.query, m.batch) if m else None for m in sink_kafka.fence_and_read(params, units)]
+
+    def one_task_for(batch):  # what the driver decides for the first batch of a run
+        return sink_kafka.settle_first_batch(params, units, one, batch, "q", lambda: pytest.fail("counted"))[1]
 
     ctx["c"] = _FakeTaskContext(0, 0, "q")
     sink_kafka.write_partition(params, 1, 1, [one], [r for p in (2, 0, 1) for r in rows(1, p)])
-    assert marked(1) == [("q", 1)] * 3  # every unit's marker, in the one transaction
+    assert marked() == [("q", 1)] * 3  # every unit's marker, in the one transaction
     apart(1, 1)  # a replay with the tasks apart: each skips
     apart(2, 1, tasks=(0, 1))  # a run with the tasks apart dies after two of batch 2's three
-    assert not sink_units.one_task_may_write(marked(2), "q", 2)
+    assert one_task_for(2) is None
     apart(2, 2)  # so the replay runs them apart: the third is written
     # A driver died with batch 3 open in its one-task transaction: the next driver's start fences it.
     zombie = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": params.transactional_id(one)})
@@ -316,7 +319,7 @@ def test_one_task_batches_and_replays_that_ran_their_tasks_apart(kafka_bootstrap
     zombie.begin_transaction()
     zombie.produce(t.sink, key="zombie", value="{}")
     zombie.flush(10)
-    assert sink_units.one_task_may_write(marked(3), "q", 3)
+    assert one_task_for(3) == one
     with pytest.raises(Exception):
         zombie.commit_transaction(10)
     ctx["c"] = _FakeTaskContext(0, 0, "q")
@@ -325,6 +328,9 @@ def test_one_task_batches_and_replays_that_ran_their_tasks_apart(kafka_bootstrap
     sink_kafka.write_partition(params, 3, 3, [one], [r for p in (2, 0, 1) for r in rows(3, p)])
     out = Counter(m.key().decode() for m in TopicReader(kafka_bootstrap).read(t.sink))
     assert out == Counter(k for b in (1, 2, 3) for p in (2, 0, 1) for k, _ in rows(b, p)), out
+    # The checkpoint went back to batch 2 while the one task's markers hold 3: refused on the driver.
+    with pytest.raises(sink_kafka.InconsistentCheckpoint):
+        one_task_for(2)
 
 
 @pytest.mark.kafka
