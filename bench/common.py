@@ -23,6 +23,7 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from eopipe.core.kafkaconf import OFFSETS_NOW
 from eopipe.core.names import consumer_group
 from eopipe.tools.loadgen import send
 
@@ -295,7 +296,7 @@ class GroupLag:
     def __init__(self, bootstrap: str, group: str, topic: str):
         self.tp = TopicPartition(topic, 0)
         self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                           "isolation.level": "read_committed"})
+                           **OFFSETS_NOW})
 
     def committed(self, timeout: float = 10) -> int:
         return self.c.committed([self.tp], timeout=timeout)[0].offset

@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench import contestants as cs
 from bench.common import say, standalone
+from eopipe.core.kafkaconf import OFFSETS_NOW
 from eopipe.core.keys import KeySpec
 from eopipe.tools.verify import verify
 
@@ -132,7 +133,8 @@ class Sampler(threading.Thread):
     def __init__(self, bootstrap: str, group: str, topic: str, partitions: int, output: str):
         super().__init__(daemon=True)
         self.tps = [TopicPartition(topic, p) for p in range(partitions)]
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                                  **OFFSETS_NOW})
         self.end = sum(self.consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in self.tps)
         self.output = output.encode()
         self.samples: list[tuple[float, int, float]] = []

@@ -47,7 +47,9 @@ def sample(bootstrap: str, group: str, topic: str, interval: float) -> None:
     from confluent_kafka import Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    from eopipe.core.kafkaconf import OFFSETS_NOW
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False, **OFFSETS_NOW})
     admin = AdminClient({"bootstrap.servers": bootstrap})
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))

@@ -45,6 +45,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from bench.common import Worker, create_topics, positive_ints, say, standalone, verified, wait, write_json
+from eopipe.core.kafkaconf import OFFSETS_NOW
 from eopipe.core.names import consumer_group
 
 POLL = 0.05  # seconds between samples of the group's offsets: the timing's resolution
@@ -119,11 +120,11 @@ class Committed:
     def __init__(self, bootstrap: str, group: str, topic: str, partitions: int):
         self.tps = [TopicPartition(topic, p) for p in range(partitions)]
         self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                           "isolation.level": "read_committed"})
+                           **OFFSETS_NOW})
 
     def offsets(self, timeout: float = 5) -> list[int] | None:
         """Per partition (0 before the first commit); None while Kafka cannot answer (a
-        coordinator loading, a pending transactional commit not yet stable)."""
+        coordinator loading)."""
         try:
             return [max(tp.offset, 0) for tp in self.c.committed(self.tps, timeout=timeout)]
         except KafkaException:

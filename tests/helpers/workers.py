@@ -23,6 +23,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.common import json_log
 from eopipe.core import partitioner
+from eopipe.core.kafkaconf import OFFSETS_NOW
 from eopipe.core.keys import KeySpec
 from eopipe.core.names import consumer_group
 from eopipe.tools.loadgen import Sender, run_load
@@ -78,7 +79,7 @@ class Pipeline:
         """The group's committed source offsets, summed (read directly, not through the worker).
         Asked again while the group coordinator moves or loads (a broker restarted or was cut off)."""
         c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group, "enable.auto.commit": False,
-                      "isolation.level": "read_committed"})
+                      **OFFSETS_NOW})
         deadline = time.monotonic() + 60
         try:
             while True:

@@ -115,7 +115,8 @@ class Observer:
         return pods
 
     def committed(self, names: Names, partitions: int) -> dict[int, int] | None:
-        c = Consumer({**self.kafka_conf(names), "group.id": names.consumer_group, "enable.auto.commit": False})
+        c = Consumer({**self.kafka_conf(names), "group.id": names.consumer_group, "enable.auto.commit": False,
+                      **kafkaconf.OFFSETS_NOW})
         try:
             tps = c.committed([TopicPartition(names.source_topic, p) for p in range(partitions)],
                               timeout=self.kafka_timeout)

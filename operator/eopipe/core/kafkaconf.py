@@ -16,6 +16,12 @@ ENV_PREFIX = "EOPIPE_KAFKA_"
 # A Secret reaches a pipeline only if whoever may edit the Secret opened it to that pipeline
 # (docs/security.md#secrets): a comma-separated list of pipeline names of its namespace, or *.
 OPT_IN = "eopipe.dev/pipelines"
+# For a consumer that only reads a group's committed offsets (lag, progress): committed() of a
+# read_committed consumer asks for stable offsets (KIP-447), which the broker refuses while a
+# transaction holds offsets of the partition, and librdkafka asks again, so under a busy
+# transactional group an answer took up to 2.5 s. Either way only committed offsets are
+# returned; a transaction's pending ones never are.
+OFFSETS_NOW = {"isolation.level": "read_uncommitted"}
 
 
 class NotAllowed(Exception):

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from eopipe.core.headers import H_OFFSET, H_PARTITION, H_REROUTED, H_TOPIC
+from eopipe.core.kafkaconf import OFFSETS_NOW
 from eopipe.core.keys import KeySpec, MalformedRecord, extract
 
 # librdkafka's own log lines (a refused connection, ...) go here rather than straight to stderr:
@@ -221,11 +222,12 @@ def backlog(bootstrap: str, group: str, topic: str, timeout: float = 30.0) -> in
     """0 if `group` has consumed every committed record of `topic`, else the offsets between its
     committed positions and the ends. Where offsets alone can't tell (transaction markers and
     aborted records occupy offsets but are no records), it reads for a committed record."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                  "enable.partition.eof": True, "isolation.level": "read_committed"})
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    c = Consumer({**conf, "enable.partition.eof": True, "isolation.level": "read_committed"})
+    offsets = Consumer({**conf, **OFFSETS_NOW})
     try:
         parts = sorted(c.list_topics(topic, timeout=timeout).topics[topic].partitions)
-        committed = c.committed([TopicPartition(topic, p) for p in parts], timeout=timeout)
+        committed = offsets.committed([TopicPartition(topic, p) for p in parts], timeout=timeout)
         gap = {}
         for tp in committed:
             high = c.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout)[1]
@@ -245,6 +247,7 @@ def backlog(bootstrap: str, group: str, topic: str, timeout: float = 30.0) -> in
                     pending.discard(m.partition())
         return 0 if not pending else sum(n for _, n in gap.values())
     finally:
+        offsets.close()
         c.close()
 
 
