@@ -75,3 +75,18 @@ def test_owned_settings_are_the_ones_a_kafka_config_would_lose(setting, owned):
     assert (setting in clients.owned_settings(cfg)) == owned
     lost = any(conf.get(setting) != "x" for conf in (clients.consumer_config(cfg, 0), clients.producer_config(cfg, 0)))
     assert lost == owned
+
+
+@pytest.mark.parametrize("commit_interval_ms, linger", [
+    (100, 20),     # the default: a fifth of the interval
+    (10, 5),       # never below librdkafka's 5 ms
+    (1, 5),
+    (250, 50),
+    (5_000, 50),   # never above 50: what was measured
+])
+def test_the_producer_lingers_a_fifth_of_the_commit_interval(commit_interval_ms, linger):
+    from eopipe.dedup.config import WorkerConfig
+
+    cfg = WorkerConfig(bootstrap="k:9092", source_topic="s", output_topic="o", pipeline="p", partitions=[0],
+                       commit_interval_ms=commit_interval_ms)
+    assert clients.producer_config(cfg, 0)["linger.ms"] == linger
