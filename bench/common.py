@@ -295,11 +295,12 @@ class GroupLag:
 
     def __init__(self, bootstrap: str, group: str, topic: str):
         self.tp = TopicPartition(topic, 0)
-        self.c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
-                           **OFFSETS_NOW})
+        conf = {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+        self.c = Consumer({**conf, "isolation.level": "read_committed"})  # high(): the last stable offset
+        self.offsets = Consumer({**conf, **OFFSETS_NOW})
 
     def committed(self, timeout: float = 10) -> int:
-        return self.c.committed([self.tp], timeout=timeout)[0].offset
+        return self.offsets.committed([self.tp], timeout=timeout)[0].offset
 
     def high(self, timeout: float = 10) -> int:
         return self.c.get_watermark_offsets(self.tp, timeout=timeout, cached=False)[1]
@@ -310,6 +311,7 @@ class GroupLag:
         return committed, self.high(timeout) - max(committed, 0)
 
     def close(self) -> None:
+        self.offsets.close()
         self.c.close()
 
 
