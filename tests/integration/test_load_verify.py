@@ -153,6 +153,41 @@ def test_backlog_sees_records_not_markers(kafka_bootstrap):
     c.close()
 
 
+def test_a_pending_transactional_offset_is_not_read_as_committed(kafka_bootstrap):
+    """Watchers read a group's offsets as they stand (kafkaconf.OFFSETS_NOW): an offset sent in a
+    transaction that has not committed is never what they read, so the backlog still counts the
+    records it covers; once the transaction's commit has landed, the group is drained."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from eopipe.core.kafkaconf import OFFSETS_NOW
+    from eopipe.tools.verify import backlog
+
+    (topic,) = _topics(kafka_bootstrap, 1)
+    _copy(kafka_bootstrap, [(b"k1", b"v1"), (b"k2", b"v2")], topic)  # offsets 0, 1 + marker at 2
+    group = f"g-{uuid.uuid4().hex[:6]}"
+    member = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group})
+    watcher = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False,
+                        **OFFSETS_NOW})
+    p = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": f"offsets-{uuid.uuid4().hex}"})
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.send_offsets_to_transaction([TopicPartition(topic, 0, 2)], member.consumer_group_metadata(), 30)
+    try:
+        assert watcher.committed([TopicPartition(topic, 0)], timeout=30)[0].offset < 0  # none committed yet
+        assert backlog(kafka_bootstrap, group, topic) > 0
+        p.commit_transaction(30)
+        # The coordinator writes the offset's commit marker after commit_transaction returns: it
+        # shows a moment later (a read_committed read would wait for it).
+        deadline = time.monotonic() + 30
+        while watcher.committed([TopicPartition(topic, 0)], timeout=30)[0].offset != 2:
+            assert time.monotonic() < deadline, "the committed offset never showed"
+            time.sleep(0.05)
+        assert backlog(kafka_bootstrap, group, topic) == 0
+    finally:
+        watcher.close()
+        member.close()
+
+
 def test_an_open_transaction_makes_verify_incomplete(kafka_bootstrap):
     """A transaction that never resolves holds read_committed readers back: verify gives no verdict
     (exit status 3) within its timeout, and says which partition it could not read to the end."""
