@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export EOPIPE_CACHE ?= $(HOME)/.cache/eopipe
 comma := ,
 
-.PHONY: help deps venv kafka k8s tools spark-jars test test-unit test-integration test-e2e test-bench test-fast test-node cluster cluster-down soak demo bench bench-peers kind-e2e clean
+.PHONY: help deps venv kafka k8s tools spark-jars node-prep test test-unit test-integration test-e2e test-bench test-fast test-node cluster cluster-down soak demo bench bench-peers kind-e2e clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -45,9 +45,16 @@ spark-jars: venv ## Spark's Kafka connector jars (Maven, cached)
 
 deps: venv kafka k8s tools spark-jars ## everything the tests and the demo need
 
+node-prep: venv kafka k8s spark-jars ## the node tier's packages, kubelet, images and seed, built or cached; starts nothing (root)
+	$(PY) -m localenv.node prep
+
+# On a new machine, `make test` spends its first half hour compiling Go and building images: two
+# at a time, so the images' disk and network work overlaps the tools' compiles (node-prep only as
+# root, like the node tier's tests).
 # The soak and the benchmarks' own runs are left out of `make test` (CI's time): `make soak`, `make test-bench`.
 # Short tracebacks: a failure's own lines come first in a CI log that is read in excerpts.
-test: deps ## the whole test suite: unit, integration (real Kafka, control plane, Spark), e2e, node tier and fault tests
+test: ## the whole test suite: unit, integration (real Kafka, control plane, Spark), e2e, node tier and fault tests
+	@$(MAKE) --no-print-directory -j2 deps $(if $(filter 0,$(shell id -u)),node-prep)
 	EOPIPE_NODE_TESTS=1 $(PY) -m pytest -m "not bench" --ignore=tests/soak --tb=short
 
 test-unit: $(VENV)/.installed-unit ## the unit tier alone: no services, no Kafka, Java or Go (about two minutes)

@@ -3,6 +3,10 @@
 set -euo pipefail
 EOPIPE_CACHE="${EOPIPE_CACHE:-$HOME/.cache/eopipe}"
 export EOPIPE_CACHE
+# Go's compiler spends a fifth to a quarter of a build from an empty cache collecting garbage
+# (helm, 2026-12-05: 192 s by default, 158 s at GOGC=400, 142 s with it off). Off, with a soft
+# limit per process: the collector runs only near it, so two compiles stay within a few GiB.
+export GOGC="${GOGC:-off}" GOMEMLIMIT="${GOMEMLIMIT:-3GiB}"
 mkdir -p "$EOPIPE_CACHE"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export REPO_ROOT

@@ -1,4 +1,4 @@
-"""`python -m localenv.node up|down|kubectl ...|leftovers|node-kill|node-start` (make cluster /
+"""`python -m localenv.node up|prep|down|kubectl ...|leftovers|node-kill|node-start` (make cluster /
 cluster-down).
 
 up: installs the Debian packages when missing, builds (or takes from the cache) kubelet,
@@ -92,21 +92,40 @@ def _k8s_bin(quiet: bool = True) -> Path:
     return Path(out[-2])
 
 
-def up(app_image: bool, timeout: float, count: int) -> int:
+def prep(app_image: bool = True) -> tuple[dict, Path]:
+    """What `up` needs before it starts anything, built or taken from the cache: the Debian
+    packages, kubelet and kube-proxy, Kafka's jars (the namespace has no route to Maven), the
+    images and the nodes' seed. Its own command too (`make node-prep`), so that on a new machine
+    its disk and network work runs beside the other tools' compiles."""
     from localenv.kafka import ensure_kafka_jars
+    from localenv.node.images import ensure_images
+
+    if installed := host.ensure_packages():
+        print(f"installed Debian packages: {' '.join(installed)}")
+    _k8s_bin(quiet=False)
+    ensure_kafka_jars()
+    images = ensure_images(app=app_image, spark=app_image)
+    return images, _shared_bundle(images)
+
+
+def _shared_bundle(images: dict) -> Path:
+    """The archive of every image but the app's (every source change makes a new app image, and
+    the bundle would be copied again), and the nodes' containerd seed made from it."""
     from localenv.node.imagebundle import bundle
-    from localenv.node.images import CACHE as IMAGE_CACHE, ensure_images
+    from localenv.node.images import CACHE as IMAGE_CACHE
     from localenv.node.seed import ensure_seed
 
+    shared = bundle([p for name, (_, p) in images.items() if name != "app"], IMAGE_CACHE)
+    ensure_seed(shared, images["pause"][0])  # the nodes' containerd roots start from it
+    return shared
+
+
+def up(app_image: bool, timeout: float, count: int) -> int:
     t0 = time.monotonic()
     if _serve_pid():
         print(f"node tier already running (pid {_serve_pid()})")
         return 0
-    if installed := host.ensure_packages():
-        print(f"installed Debian packages: {' '.join(installed)}")
-    _k8s_bin(quiet=False)
-    ensure_kafka_jars()  # before the namespace: it has no route to Maven
-    images = ensure_images(app=app_image, spark=app_image)
+    images, shared = prep(app_image)
     t_prep = time.monotonic() - t0
     if any(host.leftovers().values()):  # a crashed run: start clean
         host.sweep()
@@ -119,9 +138,6 @@ def up(app_image: bool, timeout: float, count: int) -> int:
     host.ensure_netns(specs)
     for spec in specs:
         host.ensure_cgroups(host.node_cgroup_root(spec.cgroup))
-    # The app image apart: every source change makes a new one, and the bundle would be copied again.
-    shared = bundle([p for name, (_, p) in images.items() if name != "app"], IMAGE_CACHE)
-    ensure_seed(shared, images["pause"][0])  # the nodes' containerd roots start from it
     archives = [str(shared), *([str(images["app"][1])] if "app" in images else [])]
     if "spark-operator" in images:
         from localenv.node.cluster import SPARK_OPERATOR_CONF
@@ -226,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--timeout", type=float, default=600)
     u.add_argument("--nodes", type=int, default=int(os.environ.get("EOPIPE_NODES") or 1),
                    help="how many nodes (node 0 also runs the control plane and the broker)")
+    sub.add_parser("prep", help="build or fetch what up needs, start nothing (make node-prep)")
     sub.add_parser("down", help="stop it and remove everything it made (make cluster-down)")
     sub.add_parser("leftovers", help="what of the tier is on the host (JSON)")
     k = sub.add_parser("kubectl", help="kubectl inside the namespace")
@@ -257,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--nodes: 1 to {MAX_NODES}, not {args.nodes}", file=sys.stderr)
             return 2
         return up(not args.no_app_image, args.timeout, args.nodes)
+    if args.cmd == "prep":
+        prep()
+        return 0
     if args.cmd == "node-kill":
         return node_kill(args.name, args.keep_containers)
     if args.cmd == "node-start":
