@@ -17,7 +17,7 @@
 # when it is there already the script does nothing for it. A binary is linked under a
 # temporary name and renamed into place, so an interrupted build never leaves something that
 # counts as cached.
-# One go build at a time (the machines are small). Prints the bin directories on stdout (one
+# One go build at a time per call (the machines are small; `make test` may run two calls at once). Prints the bin directories on stdout (one
 # per line, in the order asked: helm, kubeconform, promtool, toxiproxy, argocd-health, argocd by
 # default), progress on stderr.
 #
