@@ -296,7 +296,7 @@ def _checkpoint_refused(error: str) -> bool:
 
 
 def start_query(spark, cfg: Config):
-    from spark_app.sink_kafka import KafkaSinkBatchWriter, SinkParams, one_slot, one_task_at_a_time
+    from spark_app.sink_kafka import KafkaSinkBatchWriter, SinkParams, one_slot, one_task_at_a_time, to_kafka_records
 
     from spark_app.sink_position import clear_unplanned_checkpoint
 
@@ -305,6 +305,8 @@ def start_query(spark, cfg: Config):
         log(f"checkpoint {cfg.checkpoint_location} has no batch planned: removed what a driver stopped while "
             f"planning its first batch left there: {', '.join(removed)}")
     result = build_query_frame(spark, cfg, _starting_offsets(spark, cfg, unplanned))
+    if isinstance(cfg.sink, KafkaSink):
+        result = to_kafka_records(result)  # the writer gets (key, value) batches
     w = result.writeStream.outputMode(cfg.output_mode).option("checkpointLocation",
                                                               cfg.checkpoint_location)
     name = f"eopipe_{cfg.namespace}_{cfg.pipeline}".replace("-", "_").replace(".", "_")
