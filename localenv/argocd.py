@@ -230,10 +230,32 @@ class ArgoCD:
     def app(self, name: str) -> dict:
         return json.loads(self.kubectl("-n", NAMESPACE, "get", "application", name, "-o", "json"))
 
-    def refresh(self, name: str) -> None:
-        """Asks the controller to compare with git now (what the UI's Refresh or a webhook does)."""
+    def refresh(self, name: str, kind: str = "normal") -> None:
+        """Asks the controller to compare with git now (what the UI's Refresh or a webhook does;
+        `hard`: its manifest and diff caches dropped too)."""
         self.kubectl("-n", NAMESPACE, "annotate", "--overwrite", "application", name,
-                     "argocd.argoproj.io/refresh=normal")
+                     f"argocd.argoproj.io/refresh={kind}")
+
+    def compare_now(self, name: str, kind: str = "normal", timeout: float = 120) -> dict:
+        """refresh(), then the Application once the controller has compared it (the annotation
+        gone) and no sync of it is under way: a sync the comparison started (self-heal) has
+        ended. The controller sets `operation` before it drops the annotation."""
+        self.refresh(name, kind)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._check_alive()
+            app = self.app(name)
+            if ("argocd.argoproj.io/refresh" not in (app["metadata"].get("annotations") or {})
+                    and "operation" not in app
+                    and (app["status"].get("operationState") or {}).get("phase") != "Running"):
+                return app
+            time.sleep(0.5)
+        raise ArgoCDError(f"Application {name} not compared again after {timeout}s\n{self.tail()}")
+
+    @staticmethod
+    def last_sync(app: dict) -> int:
+        """The id of the Application's last sync in its history (-1: none yet)."""
+        return max((h["id"] for h in app["status"].get("history") or []), default=-1)
 
     def wait_app(self, name: str, sync: str = "Synced", health: str | None = "Healthy",
                  revision: str | None = None, timeout: float = 120) -> dict:

@@ -19,7 +19,7 @@ import json
 import pytest
 import yaml
 
-from localenv.argocd import NAMESPACE, ArgoCD
+from localenv.argocd import ArgoCD
 from localenv.controlplane import ControlPlane
 from localenv.fixtures_operator import wait_for
 from tests.helpers.argocd_health import pipeline, stage
@@ -87,11 +87,9 @@ def test_the_documented_applications_sync_stay_in_sync_and_report_pipeline_healt
     # Still in sync after a fresh comparison: the API server's defaults (the CRD's, the
     # Deployment's, the admission policy's) make no difference Argo CD would show.
     for name in ("eopipe-operator", "eopipe-pipelines"):
-        argo.kubectl("-n", NAMESPACE, "annotate", "--overwrite", "application", name,
-                     "argocd.argoproj.io/refresh=hard")
-        app = wait_for(lambda n=name: (a := argo.app(n))["metadata"].get("annotations", {}).get(
-            "argocd.argoproj.io/refresh") is None and a, 120, what=f"{name} compared again")
-        assert app["status"]["sync"]["status"] == "Synced", app["status"]["sync"]
+        before = ArgoCD.last_sync(argo.app(name))
+        app = argo.compare_now(name, "hard")
+        assert app["status"]["sync"]["status"] == "Synced" and ArgoCD.last_sync(app) == before, app["status"]
         assert {r["status"] for r in app["status"]["resources"]} == {"Synced"}, app["status"]["resources"]
 
     # Health from the status (argocd/health.lua run by the controller): none yet, running, failing.
