@@ -254,7 +254,7 @@ def test_argo_cd_syncs_upgrades_and_changes_a_pipeline_under_load_exactly_once(n
             got = kubectl_json("-n", NS, "get", f"exactlyoncepipelines.{version}.eopipe.dev", NAME)
             assert got["apiVersion"] == f"eopipe.dev/{version}" and got["spec"]["dedup"]["replicas"] == 1, got
         # The upgraded CRD defaults fields the old one did not have (processing.upgradeMode and
-        # reprocessFrom): Argo CD's server-side diff shows the pipeline, stored without them,
+        # reprocessFrom): Argo CD's server-side diff may show the pipeline, stored without them,
         # OutOfSync once, and self-heal applies the same file again, which stores them
         # (docs/install.md). At most that one sync of the pipelines' Application since the commit.
         app = argo.compare_now(PIPELINES_APP, timeout=300)
