@@ -551,7 +551,9 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
             ready = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
             return st if st.get("phase") == "Failed" and ready.get("reason") == "SparkFailed" else None
         st = wait(failed, 400, "phase Failed, Ready=False/SparkFailed")
-        log(f"{name} with a bad schema: Failed in {time.monotonic() - t:.0f}s")
+        retries = [e["message"][:200] for e in kubectl_json("-n", ns, "get", "events", "--field-selector",
+                                                            f"involvedObject.name={name},reason=Retrying")["items"]]
+        log(f"{name} with a bad schema: Failed in {time.monotonic() - t:.0f}s; passes tried again soon: {retries}")
         conditions = {c["type"]: c for c in st["conditions"]}
         for kind in ("Ready", "ProcessingReady", "Stalled"):
             msg = conditions[kind]["message"]  # Spark's parser's words, from the driver pod

@@ -162,12 +162,24 @@ def test_changes_are_applied_and_drift_is_repaired(operator, kube_api, kafka_boo
 
 
 def test_a_refused_apply_is_reported_in_status_and_events(operator, kube_api, kafka_bootstrap, k8s_namespace):
-    """A change the API server refuses (a StatefulSet's volume claim size is immutable) ends in
-    status and an event with the API server's reason, not in a silent retry loop; the pipeline
-    keeps running as it was, and reverting the change makes it Ready again."""
+    """A webhook the API server cannot call (its 500, as while the Spark Operator's webhook
+    restarts) is tried again soon, with the API server's words in a Warning event (not Kopf's
+    60 s wait for an unknown error). A change the API server refuses (a StatefulSet's volume
+    claim size is immutable) ends in status and an event with the API server's reason, not in
+    a silent retry loop; the pipeline keeps running as it was, and reverting the change makes
+    it Ready again."""
     ns, cp = k8s_namespace, operator.cp
     doc = example_manifest("minimal.yaml", kafka_bootstrap, **{"source.topic": unique_topic("imm", ns)})
-    kubectl_apply(cp, ns, doc)
+    hooks = client.AdmissionregistrationV1Api(kube_api)
+    hooks.create_validating_webhook_configuration(_unreachable_webhook(ns))
+    try:
+        kubectl_apply(cp, ns, doc)
+        retried = wait_for(lambda: [e.message for e in _events(kube_api, ns, "minimal") if e.reason == "Retrying"
+                                    and e.type == "Warning" and "failed calling webhook" in e.message],
+                           60, what="a Warning event Retrying with the webhook's failure")
+        print(f"retried soon: {retried[0][:400]}")
+    finally:
+        hooks.delete_validating_webhook_configuration(f"{ns}-unreachable")
     wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 180, what="Ready=True")
 
     doc["spec"]["dedup"] = {"storage": {"size": "2Gi"}}
@@ -183,7 +195,7 @@ def test_a_refused_apply_is_reported_in_status_and_events(operator, kube_api, ka
     assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed"), ready
     assert dedup["reason"] == "ApplyFailed" and "StatefulSet minimal-dedup" in dedup["message"], dedup
     assert "Forbidden" in dedup["message"] or "forbidden" in dedup["message"], dedup
-    events = client.CoreV1Api(kube_api).list_namespaced_event(ns, field_selector="involvedObject.name=minimal").items
+    events = _events(kube_api, ns, "minimal")
     assert any(e.reason == "ApplyFailed" and e.type == "Warning" for e in events), [e.reason for e in events]
     sts = client.AppsV1Api(kube_api).read_namespaced_stateful_set("minimal-dedup", ns)
     assert sts.status.ready_replicas == 1  # untouched: still the running pipeline
@@ -191,6 +203,23 @@ def test_a_refused_apply_is_reported_in_status_and_events(operator, kube_api, ka
     del doc["spec"]["dedup"]
     kubectl_apply(cp, ns, doc)
     wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 120, what="Ready again after the revert")
+
+
+def _events(api, ns: str, name: str) -> list:
+    return client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+
+
+def _unreachable_webhook(ns: str) -> dict:
+    """A webhook on StatefulSet creates in `ns` whose server does not answer (a closed port on
+    loopback): the API server refuses each such create with a 500 while it exists."""
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": f"{ns}-unreachable"},
+            "webhooks": [{"name": "unreachable.eopipe.dev", "admissionReviewVersions": ["v1"],
+                          "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 2,
+                          "clientConfig": {"url": "https://127.0.0.1:1/validate"},
+                          "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                          "rules": [{"apiGroups": ["apps"], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                     "resources": ["statefulsets"]}]}]}
 
 
 def test_an_adopted_source_topic_is_never_altered_or_deleted(operator, kube_api, kafka_bootstrap, k8s_namespace):

@@ -11,7 +11,7 @@ from confluent_kafka import KafkaException
 from kubernetes import client
 from prometheus_client import Counter, Gauge, Histogram
 
-from eopipe.control import sparkcrd, sparkwatch, stage_progress, teardown
+from eopipe.control import sparkcrd, sparkwatch, stage_progress, teardown, transient
 from eopipe.control.builders.topics import desired_topics
 from eopipe.control.reconcile import Reconciler
 from eopipe.control.settings import Settings
@@ -120,7 +120,7 @@ def _forget(gauge: Gauge, body) -> None:
         pass  # never set by this process
 
 
-def _reconcile(rec: Reconciler, body, logger) -> None:
+def _reconcile(rec: Reconciler, body, logger, retry: int = 0) -> None:
     t0 = time.monotonic()
     with rec.lock(body["metadata"]["namespace"], body["metadata"]["name"]):
         # Kopf runs timers beside change handlers and hands each a body of its moment: inside
@@ -131,8 +131,12 @@ def _reconcile(rec: Reconciler, body, logger) -> None:
             return  # deleted, or being deleted: on_delete has scaled the dedup pods to zero
         try:
             outcome = rec.reconcile(body)
-        except Exception:
+        except Exception as e:
             RECONCILES.labels("error").inc()
+            if transient.is_passing(e):  # tried again soon, not after Kopf's 60 s
+                why, delay = transient.describe(e), transient.delay(retry)
+                kopf.warn(body, reason=transient.REASON, message=f"{why}; trying again in {delay:.0f}s"[:1000])
+                raise kopf.TemporaryError(why, delay=delay) from e
             raise
         finally:
             RECONCILE_SECONDS.observe(time.monotonic() - t0)
@@ -186,8 +190,8 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.resume(*RESOURCE, registry=registry)
     @kopf.on.create(*RESOURCE, registry=registry)
     @kopf.on.update(*RESOURCE, field="spec", registry=registry)
-    def on_change(body, logger, **kw):
-        _reconcile(reconciler(), body, logger)
+    def on_change(body, logger, retry, **kw):
+        _reconcile(reconciler(), body, logger, retry)
 
     @kopf.timer(*RESOURCE, interval=config.resync_seconds, initial_delay=config.resync_seconds,
                 registry=registry)
@@ -245,9 +249,9 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
     async def reconcile_soon(ns: str, pipeline: str, delay: float) -> None:
         await asyncio.sleep(delay)
         owner = {"metadata": {"namespace": ns, "name": pipeline}}
-        for _ in range(sparkwatch.RETRIES):  # Kopf does not retry an event handler
+        for retry in range(sparkwatch.RETRIES):  # Kopf does not retry an event handler
             try:
-                return await asyncio.to_thread(_reconcile, reconciler(), owner, WATCH_LOG)
+                return await asyncio.to_thread(_reconcile, reconciler(), owner, WATCH_LOG, retry)
             except kopf.TemporaryError as e:  # e.g. a stopped driver not gone yet: in status already
                 await asyncio.sleep(e.delay or sparkwatch.MIN_GAP_SECONDS)
 

@@ -29,11 +29,15 @@ class ApplyError(Exception):
 
     def __init__(self, manifest: dict, e: client.ApiException):
         self.kind, self.name, self.status = manifest["kind"], manifest["metadata"]["name"], e.status
-        try:
-            why = json.loads(e.body)["message"]
-        except (TypeError, ValueError, KeyError):
-            why = e.reason
-        super().__init__(f"{self.kind} {self.name}: {why}")
+        super().__init__(f"{self.kind} {self.name}: {api_message(e) or e.reason}")
+
+
+def api_message(e: client.ApiException) -> str:
+    """The message of the Status the API server answered with, "" if it sent none."""
+    try:
+        return str(json.loads(e.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return ""
 
 
 def delete_by_uid(delete) -> None:
