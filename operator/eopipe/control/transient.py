@@ -1,8 +1,8 @@
 """Which errors of a pass are passing (the API server or a webhook it calls briefly unavailable)
 and how soon the pass is tried again. Kopf waits 60 s after any other exception; a webhook that
-is restarting (the Spark Operator's, after a `helm upgrade` that turns it on: about a minute on
-the node tier) is asked again after 1 s, then at doubling intervals, as controller-runtime's
-per-object rate limiter does (there from 5 ms up to 1000 s; here from 1 s up to Kopf's 60 s)."""
+is starting (the Spark Operator's, for some seconds after a `helm upgrade` that turns it on) is
+asked again after 1 s, then at doubling intervals, as controller-runtime's per-object rate
+limiter does (there from 5 ms up to 1000 s; here from 1 s up to Kopf's 60 s)."""
 
 from __future__ import annotations
 
