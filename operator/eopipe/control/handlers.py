@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 import kopf
@@ -118,6 +119,16 @@ def _forget(gauge: Gauge, body) -> None:
         gauge.remove(body["metadata"]["namespace"], body["metadata"]["name"])
     except KeyError:
         pass  # never set by this process
+
+
+def _forget_pipeline(lock: threading.Lock, body) -> None:
+    """Drops a deleted pipeline's series, under its pass lock: a pass under way when the deletion
+    came writes its series first, and none comes after (a pass sees the deletionTimestamp)."""
+    meta = body["metadata"]
+    with lock:
+        for gauge in (PHASES, OPEN_TXN, AUTOSCALE_DESIRED):
+            _forget(gauge, body)
+        stage_progress.forget(meta["namespace"], meta["name"])
 
 
 def _reconcile(rec: Reconciler, body, logger, retry: int = 0) -> None:
@@ -282,10 +293,9 @@ def register(config: Settings, registry: kopf.OperatorRegistry) -> None:
     @kopf.on.delete(*RESOURCE, registry=registry, optional=True)
     def forget_metrics(body, **_):
         """A deleted pipeline's series leave /metrics; they would report it forever."""
-        for gauge in (PHASES, OPEN_TXN, AUTOSCALE_DESIRED):
-            _forget(gauge, body)
-        watch.passes.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
-        stage_progress.forget(body["metadata"]["namespace"], body["metadata"]["name"])
+        meta = body["metadata"]
+        _forget_pipeline(reconciler().lock(meta["namespace"], meta["name"]), body)
+        watch.passes.pop((meta["namespace"], meta["name"]), None)
 
     @kopf.on.delete(*RESOURCE, registry=registry)
     def on_delete(body, retry, logger, **_):
