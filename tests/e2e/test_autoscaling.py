@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from localenv.fixtures_operator import wait_for
-from tests.helpers.rebalance_e2e import Load, Pipe, _events, assert_verified
+from tests.helpers.pipelines import object_events
+from tests.helpers.rebalance_e2e import Load, Pipe, assert_verified
 
 pytestmark = pytest.mark.kafka
 
@@ -74,6 +75,6 @@ def test_a_burst_scales_the_dedup_pods_up_and_its_end_down(operator, kube_api, k
     assert health["stateKeys"] > 0 and health["stateBytes"] > 0, health
     assert health["records"]["consumed"] >= health["records"]["emitted"] > 0, health
     assert set(health["perSecond"]) == {"consumed", "emitted", "duplicates", "deadLettered"}, health
-    msgs = [e.message for e in _events(kube_api, k8s_namespace) if e.reason == "Autoscaled"]
+    msgs = [e.message for e in object_events(kube_api, k8s_namespace) if e.reason == "Autoscaled"]
     assert any(m.startswith("dedup replicas ") and " -> 3" in m for m in msgs), msgs
     assert any(m.startswith("dedup replicas ") and " -> 1" in m for m in msgs), msgs

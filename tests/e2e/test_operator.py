@@ -20,6 +20,7 @@ from tests.helpers.pipelines import (
     example_manifest,
     get_pipeline,
     kubectl_apply,
+    object_events,
     ready_pipeline,
     set_topic_config,
     topic_config,
@@ -49,8 +50,7 @@ def test_minimal_pipeline_becomes_ready(operator, kube_api, kafka_bootstrap, k8s
     kubectl_apply(cp, ns, doc)
 
     def ready():
-        refused = [e.message for e in core.list_namespaced_event(
-            ns, field_selector="involvedObject.name=minimal-dedup").items if e.reason == "FailedCreate"]
+        refused = [e.message for e in object_events(kube_api, ns, "minimal-dedup") if e.reason == "FailedCreate"]
         if refused:
             raise AssertionError(f"the StatefulSet's pod was refused: {refused[0]}")
         return ready_pipeline(kube_api, ns, "minimal")
@@ -89,7 +89,7 @@ def test_minimal_pipeline_becomes_ready(operator, kube_api, kafka_bootstrap, k8s
                    what="status.lag")
     assert obj["status"]["lag"] == {"dedup": 0}
 
-    events = core.list_namespaced_event(ns, field_selector="involvedObject.name=minimal").items
+    events = object_events(kube_api, ns)
     assert any(e.reason == "Running" for e in events), [e.reason for e in events]
 
     pod = core.read_namespaced_pod("minimal-dedup-0", ns)
@@ -174,7 +174,7 @@ def test_a_refused_apply_is_reported_in_status_and_events(operator, kube_api, ka
     hooks.create_validating_webhook_configuration(_unreachable_webhook(ns))
     try:
         kubectl_apply(cp, ns, doc)
-        retried = wait_for(lambda: [e.message for e in _events(kube_api, ns, "minimal") if e.reason == "Retrying"
+        retried = wait_for(lambda: [e.message for e in object_events(kube_api, ns) if e.reason == "Retrying"
                                     and e.type == "Warning" and "failed calling webhook" in e.message],
                            60, what="a Warning event Retrying with the webhook's failure")
         print(f"retried soon: {retried[0][:400]}")
@@ -195,7 +195,7 @@ def test_a_refused_apply_is_reported_in_status_and_events(operator, kube_api, ka
     assert (ready["status"], ready["reason"]) == ("False", "ApplyFailed"), ready
     assert dedup["reason"] == "ApplyFailed" and "StatefulSet minimal-dedup" in dedup["message"], dedup
     assert "Forbidden" in dedup["message"] or "forbidden" in dedup["message"], dedup
-    events = _events(kube_api, ns, "minimal")
+    events = object_events(kube_api, ns)
     assert any(e.reason == "ApplyFailed" and e.type == "Warning" for e in events), [e.reason for e in events]
     sts = client.AppsV1Api(kube_api).read_namespaced_stateful_set("minimal-dedup", ns)
     assert sts.status.ready_replicas == 1  # untouched: still the running pipeline
@@ -203,10 +203,6 @@ def test_a_refused_apply_is_reported_in_status_and_events(operator, kube_api, ka
     del doc["spec"]["dedup"]
     kubectl_apply(cp, ns, doc)
     wait_for(lambda: ready_pipeline(kube_api, ns, "minimal"), 120, what="Ready again after the revert")
-
-
-def _events(api, ns: str, name: str) -> list:
-    return client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
 
 
 def _unreachable_webhook(ns: str) -> dict:

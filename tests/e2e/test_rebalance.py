@@ -18,7 +18,8 @@ import pytest
 from kubernetes import client
 
 from localenv.fixtures_operator import kubectl, wait_for
-from tests.helpers.rebalance_e2e import Load, Pipe, _events, assert_verified, resend_all_to
+from tests.helpers.pipelines import object_events
+from tests.helpers.rebalance_e2e import Load, Pipe, assert_verified, resend_all_to
 
 pytestmark = pytest.mark.kafka
 
@@ -57,9 +58,9 @@ def test_replicas_1_3_2_4_under_load(operator, kube_api, kafka_bootstrap, k8s_na
     assert_verified(p.verify(), stats["unique"])
     assert [s["partitionsMoved"] for s in summaries] == [2, 1, 2]
     assert all(s["snapshot"] == s["partitionsMoved"] and s["bytesMoved"] > 0 for s in summaries), summaries
-    reasons = [e.reason for e in _events(kube_api, k8s_namespace)]
+    reasons = [e.reason for e in object_events(kube_api, k8s_namespace)]
     assert "RebalanceStarted" in reasons and "RebalanceCompleted" in reasons
-    msgs = [e.message for e in _events(kube_api, k8s_namespace) if e.reason == "RebalanceCompleted"]
+    msgs = [e.message for e in object_events(kube_api, k8s_namespace) if e.reason == "RebalanceCompleted"]
     assert any("replicas 3 -> 2: 1 partitions moved (1 by snapshot" in m for m in msgs), msgs
 
 

@@ -46,6 +46,11 @@ def condition(obj: dict, type_: str) -> dict:
     return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
 
 
+def object_events(kube_api, ns: str, name: str = "minimal") -> list:
+    """The events of the object `name` in `ns` (the pipeline's, by default the examples' name)."""
+    return client.CoreV1Api(kube_api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+
+
 def ready_pipeline(kube_api, ns, name):
     obj = get_pipeline(kube_api, ns, name)
     return obj if condition(obj, "Ready").get("status") == "True" and \

@@ -139,8 +139,3 @@ def assert_verified(rep, unique: int | None = None):
     assert rep.lost == 0 and rep.duplicated == 0 and rep.unexpected == 0, rep.line()
     if unique is not None:
         assert rep.out == rep.unique_in == unique, rep.line()
-
-
-def _events(kube_api, ns, name="minimal"):
-    from kubernetes import client as k
-    return k.CoreV1Api(kube_api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items

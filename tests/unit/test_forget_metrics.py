@@ -5,6 +5,7 @@ import threading
 
 from prometheus_client import REGISTRY
 
+from eopipe.control import stage_progress
 from eopipe.control.handlers import PHASES, _forget_pipeline
 
 BODY = {"metadata": {"namespace": "ns-forget", "name": "p"}}
@@ -28,7 +29,11 @@ def test_the_series_go_after_the_pass_under_way_not_before():
     assert not dropping.is_alive() and _ready() is None
 
 
-def test_a_pipeline_never_seen_is_no_error():
-    _forget_pipeline(threading.Lock(), {"metadata": {"namespace": "ns-forget", "name": "never"}})
-    assert REGISTRY.get_sample_value("eopipe_operator_pipeline_ready",
-                                     {"namespace": "ns-forget", "name": "never"}) is None
+def test_the_spark_stage_series_go_too_when_the_others_were_never_set():
+    """The Spark stage's series go as well, also when the gauges dropped before them hold no
+    series for the pipeline."""
+    lock_free = threading.Lock()
+    stage_progress.GAUGES["lagRecords"].labels("ns-forget", "spark-only").set(7)
+    _forget_pipeline(lock_free, {"metadata": {"namespace": "ns-forget", "name": "spark-only"}})
+    assert REGISTRY.get_sample_value("eopipe_operator_spark_lag_records",
+                                     {"namespace": "ns-forget", "name": "spark-only"}) is None
