@@ -23,7 +23,7 @@ import yaml
 
 from eopipe.control.builders import access as access_builders
 from eopipe.control.builders import dedup as dedup_builders
-from eopipe.control.builders.spark import RESTART_POLICY
+from eopipe.control.builders.spark import RESTART_POLICY, spark_version
 from eopipe.core.kafkaconf import OPT_IN
 from eopipe.core.names import LABEL_PIPELINE, Names, deduped_topic, dlq_topic, spark_commit_topic
 from eopipe.core.processing import DEFAULT_MOUNT_PATH as MOUNT_PATH
@@ -827,7 +827,30 @@ def _spark_webhook(enable: bool) -> None:
     assert res.returncode == 0, res.stdout + res.stderr
     hooks = kubectl("get", "mutatingwebhookconfigurations", "-o", "name")
     assert ("spark-operator" in hooks) is enable, hooks
-    log(f"Spark Operator webhook {'on' if enable else 'off'} (helm upgrade, {time.monotonic() - t:.0f}s)")
+    took = f"helm upgrade, {time.monotonic() - t:.0f}s"
+    if enable:
+        # helm's --wait sees the webhook's pod ready tens of seconds before the API server can
+        # call it (over 31 s in the CI run of 2026-12-05): until then a SparkApplication create
+        # is answered 500. The operator retries that (test_operator.py checks how); the test
+        # waits, as an admin would, so the next pipeline's first passes are not spent on it.
+        t = time.monotonic()
+        wait(_spark_webhook_answers, 180, "the Spark Operator's webhook called by the API server", interval=2)
+        took += f"; called by the API server {time.monotonic() - t:.0f}s later"
+    log(f"Spark Operator webhook {'on' if enable else 'off'} ({took})")
+
+
+def _spark_webhook_answers() -> bool:
+    """Whether the API server can call the Spark Operator's webhooks: a server-side dry run of a
+    SparkApplication create goes through them (their sideEffects are None) and writes nothing."""
+    app = {"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
+           "metadata": {"name": "webhook-probe", "namespace": "default"},
+           "spec": {"type": "Python", "mode": "cluster", "sparkVersion": spark_version(), "image": "probe",
+                    "mainApplicationFile": "local:///probe.py", "driver": {}, "executor": {}}}
+    res = nodetier.run(kubectl_argv("create", "--dry-run=server", "-f", "-"), timeout=60, input=json.dumps(app))
+    if res.returncode == 0:
+        return True
+    assert "calling webhook" in res.stderr, res.stderr  # refused for another reason: the probe is wrong
+    return False
 
 
 def _read_parquet_in_a_pod(image: str, ns: str, claim: str, example: dict) -> list[list]:
