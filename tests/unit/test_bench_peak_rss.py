@@ -8,7 +8,8 @@ import sys
 from bench.common import peak_rss_mb
 
 # The parent fills 200 MB, then starts a shell whose child (a Python that fills 60 MB) is the
-# grandchild; the shell waits for a line on stdin before it exits.
+# grandchild, which waits for a line on stdin before it exits; the parent passes it the line the
+# test sends once it has measured (sent at once, the tree could be gone before the measurement).
 PARENT = r"""
 import os, subprocess, sys
 ballast = bytearray(200 << 20)
@@ -17,7 +18,7 @@ for i in range(0, len(ballast), 4096):
 child = subprocess.Popen(["sh", "-c", sys.argv[1]], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 print(child.pid, flush=True)
 print(child.stdout.readline().decode().strip(), flush=True)
-child.stdin.write(b"go\n"); child.stdin.flush()
+child.stdin.write(sys.stdin.readline().encode()); child.stdin.flush()
 _, _, ru = os.wait4(child.pid, 0)
 print(ru.ru_maxrss // 1024, flush=True)
 """
@@ -28,12 +29,13 @@ GRANDCHILD = ("import sys; b = bytearray(60 << 20); [b.__setitem__(i, 1) for i i
 def test_peak_rss_is_the_contestants_own_not_the_forking_process():
     # `; true`: the shell stays, so the Python is its child, not the shell exec'd
     shell = f"{sys.executable} -c \"{GRANDCHILD}\"; true"
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, shell], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, shell], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     try:
         child = int(parent.stdout.readline())
         assert parent.stdout.readline().strip() == "ready"
         peak = peak_rss_mb(child)
-        rusage_mb = int(parent.communicate(timeout=30)[0].split()[-1])
+        rusage_mb = int(parent.communicate("measured\n", timeout=30)[0].split()[-1])
     finally:
         parent.kill()
     assert rusage_mb >= 200           # what wait4 says: the parent's ballast
