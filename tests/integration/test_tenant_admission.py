@@ -33,6 +33,12 @@ REFUSED = [
      "node-role.kubernetes.io/control-plane"),
     ({"spec.dedup.podTemplate": {"priorityClassName": "system-node-critical"}}, "system-node-critical"),
     ({"spec.dedup.storage": {"size": "10Ti"}}, "spec.dedup.storage.size: 10Ti"),
+    ({"spec.processing.sparkConf": {"spark.driver.defaultJavaOptions": "-XX:OnOutOfMemoryError=sh"}},
+     "spec.processing.sparkConf[spark.driver.defaultJavaOptions]"),
+    ({"spec.processing.sparkConf": {"spark.hadoop.fs.s3a.assumed.role.arn": "arn:aws:iam::1:role/x"}},
+     "spec.processing.sparkConf[spark.hadoop.fs.s3a.assumed.role.arn]"),
+    ({"spec.processing.hadoopConf": {"fs.s3a.aws.credentials.provider": "x"}},
+     "spec.processing.hadoopConf[fs.s3a.aws.credentials.provider]"),
 ]
 
 

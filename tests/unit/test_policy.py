@@ -46,6 +46,20 @@ def refused(s: PipelineSpec, p: dict | None = None, registries=()) -> list[str]:
     (spec(processing={"sparkConf": {"spark.kubernetes.driverEnv.EOPIPE_KAFKA_X": "y"}}), None, ["driverEnv"]),
     (spec(processing={"sparkConf": {"spark.executorEnv.PYTHONPATH": "/x"}}), None, ["executorEnv.PYTHONPATH]"]),
     (spec(processing={"sparkConf": {"spark.hadoop.fs.s3a.impl": "x.Y"}}), None, ["fs.s3a.impl]"]),
+    # JVM options: a command (-XX:OnOutOfMemoryError) or any spark.* setting as a system property.
+    (spec(processing={"sparkConf": {"spark.driver.defaultJavaOptions": "-XX:OnOutOfMemoryError=sh"}}), None,
+     ["spec.processing.sparkConf[spark.driver.defaultJavaOptions]: not allowed"]),
+    (spec(processing={"sparkConf": {"spark.executor.defaultJavaOptions": "-Dspark.kubernetes.x=y"}}), None,
+     ["executor.defaultJavaOptions]"]),
+    (spec(processing={"sparkConf": {"spark.sql.hive.metastore.jars.path": "https://x/a.jar"}}), None,
+     ["metastore.jars.path]"]),
+    # A Hadoop setting is judged alike in hadoopConf and, as spark.hadoop.*, in sparkConf.
+    (spec(processing={"sparkConf": {"spark.hadoop.fs.s3a.assumed.role.arn": "arn:aws:iam::1:role/x"}}), None,
+     ["spec.processing.sparkConf[spark.hadoop.fs.s3a.assumed.role.arn]: not allowed by the tenant policy "
+      "(tenantPolicy.spark.deniedHadoopConf)"]),
+    (spec(processing={"sparkConf": {"spark.hadoop.fs.gs.project.id": "p"}, "hadoopConf": {"fs.gs.project.id": "p"}}),
+     {"spark": {"deniedHadoopConf": ["fs.gs.*"]}}, ["sparkConf[spark.hadoop.fs.gs.project.id]: not allowed",
+                                                    "hadoopConf[fs.gs.project.id]: not allowed"]),
     (spec(processing={"sparkConf": {"spark.sql.shuffle.partitions": "4",
                                     "spark.kubernetes.executor.request.cores": "250m"}}), None, []),
     # A label could put the driver into another pipeline's NetworkPolicy.

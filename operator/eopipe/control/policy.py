@@ -28,16 +28,17 @@ from eopipe.core.kafkaconf import SecretNotOpen, opened_to
 # Spark settings that run code, read files, change identity or reach past the pipeline's pods.
 # spark.kubernetes.* decides images, volumes (hostPath), pod templates, the namespace, the
 # service account, the driver's env, pod labels and annotations: denied as a family, with the few
-# harmless ones (resources, allocation pace) allowed.
+# harmless ones (resources, allocation pace) allowed. A JVM option can set any of them as a system
+# property (-Dspark.*), which Spark reads as configuration, or run a command: *JavaOptions.
+# spark.hadoop.* is judged as the Hadoop setting it is (DENIED_HADOOP_CONF).
 DENIED_SPARK_CONF = (
-    "spark.kubernetes.*", "*.extraJavaOptions", "*.extraClassPath", "*.extraLibraryPath",
+    "spark.kubernetes.*", "*.extraJavaOptions", "*.defaultJavaOptions", "*.extraClassPath", "*.extraLibraryPath",
     "spark.jars", "spark.jars.*", "spark.plugins", "spark.plugins.*", "spark.*Env.*", "spark.files",
     "spark.archives", "spark.submit.*", "spark.pyspark.*", "spark.master", "spark.driver.host",
     "spark.extraListeners", "spark.sql.extensions", "spark.sql.queryExecutionListeners",
     "spark.sql.streaming.streamingQueryListeners", "spark.sql.catalog.*", "spark.metrics.conf*",
     "spark.eventLog.*", "spark.redaction.*", "spark.authenticate*", "spark.ssl*", "spark.ui.filters",
-    "spark.hadoop.*.impl", "spark.hadoop.*credentials.provider*", "spark.hadoop.hadoop.security.*",
-    "spark.executor.plugins", "spark.driver.resource.*", "spark.executor.resource.*",
+    "spark.sql.hive.metastore.jars*", "spark.executor.plugins", "spark.driver.resource.*", "spark.executor.resource.*",
 )
 ALLOWED_SPARK_CONF = (
     "spark.kubernetes.executor.request.cores", "spark.kubernetes.driver.request.cores",
@@ -61,6 +62,7 @@ DENIED_ENV = (
 )
 # Hadoop settings (in hadoopConf, or sparkConf as spark.hadoop.*) that say where s3a sends the
 # checkpoint and its credentials: held to tenantPolicy.objectStore.endpoints, as the backups are.
+SPARK_HADOOP = "spark.hadoop."
 S3A_ROUTE = r"(?:spark\.hadoop\.)?fs\.s3a\.(?:bucket\..+\.)?(?:endpoint|proxy\.host)"
 ENV_ALLOW_PATTERN = r"[A-Z][A-Z0-9_]*"
 # Taints only the cluster's own nodes carry; the empty key tolerates every taint.
@@ -150,6 +152,8 @@ def _store_refusal(endpoint: str, policy: TenantPolicy) -> str | None:
 
 
 def _spark_conf_refusal(key: str, value: str, policy: TenantPolicy, allowed_registries) -> str | None:
+    if key.startswith(SPARK_HADOOP) and (why := hadoop_refusal(key[len(SPARK_HADOOP):], policy)):
+        return why
     if matches(key, (*DENIED_SPARK_CONF, *policy.spark.denied_conf)) and \
             not matches(key, (*ALLOWED_SPARK_CONF, *policy.spark.allowed_conf)):
         return "not allowed by the tenant policy (tenantPolicy.spark.allowedConf)"
@@ -158,6 +162,13 @@ def _spark_conf_refusal(key: str, value: str, policy: TenantPolicy, allowed_regi
     env = re.fullmatch(r"spark\.(?:executorEnv|kubernetes\.driverEnv|yarn\.appMasterEnv)\.(.+)", key)
     if env and (why := env_refusal(env.group(1), policy)):
         return why
+    return None
+
+
+def hadoop_refusal(key: str, policy: TenantPolicy) -> str | None:
+    """A Hadoop setting `key`, from hadoopConf or (as spark.hadoop.<key>) from sparkConf."""
+    if matches(key, (*DENIED_HADOOP_CONF, *policy.spark.denied_hadoop_conf)):
+        return "not allowed by the tenant policy (tenantPolicy.spark.deniedHadoopConf)"
     return None
 
 
@@ -262,8 +273,7 @@ def refusals(spec, policy: TenantPolicy, allowed_registries: tuple[str, ...] = (
                        "(tenantPolicy.spark.serviceAccounts); leave it out to run as <pipeline>-spark")
         out += [f"processing.sparkConf[{k}]: {why}" for k, v in proc.spark_conf.items()
                 if (why := _spark_conf_refusal(k, v, policy, allowed_registries))]
-        out += [f"processing.hadoopConf[{k}]: not allowed by the tenant policy (tenantPolicy.spark.deniedHadoopConf)"
-                for k in proc.hadoop_conf if matches(k, (*DENIED_HADOOP_CONF, *policy.spark.denied_hadoop_conf))]
+        out += [f"processing.hadoopConf[{k}]: {why}" for k in proc.hadoop_conf if (why := hadoop_refusal(k, policy))]
         out += [f"processing.{field}[{k}]: {why}" for field, conf in (("sparkConf", proc.spark_conf),
                                                                        ("hadoopConf", proc.hadoop_conf))
                 for k, v in conf.items() if re.fullmatch(S3A_ROUTE, k) and (why := _store_refusal(v, policy))]
