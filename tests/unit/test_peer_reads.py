@@ -78,6 +78,32 @@ def trickle(head: bytes, body: bytes, every: float):
     return send
 
 
+def then_good(first, seconds: float = 0.0):
+    """Answers `first` to the first request (taking `seconds` more over it), a good status to
+    the next: a reader that follows a redirect, or waits that long, reads a good status."""
+    calls = []
+
+    def send(c):
+        calls.append(1)
+        if len(calls) > 1:
+            return raw(ok(STATUS, Content_Length=len(STATUS)), STATUS)(c)
+        end = time.monotonic() + seconds
+        first(c)
+        while time.monotonic() < end:
+            c.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+            time.sleep(0.2)
+        if seconds:
+            raw(ok(STATUS, Content_Length=len(STATUS)), STATUS)(c)
+    return send
+
+
+def head_trickle(c):
+    for b in ok(STATUS, Content_Length=len(STATUS)) + b"\r\n\r\n":
+        c.sendall(bytes([b]))
+        time.sleep(0.15)  # about 6 s in all, past WAIT
+    c.sendall(STATUS)
+
+
 # -- the operator reading /status ---------------------------------------------------------------
 def test_a_good_status_is_read(peer):
     url, answer = peer
@@ -109,13 +135,18 @@ BIG = b'{"pod": "' + b"a" * 5000 + b'"}'
     raw(b"HELLO"),                                                            # not HTTP
     lambda c: None,                                                           # closes without a word
     trickle(ok(b""), STATUS, 0.25),                                           # too slow for the deadline
+    then_good(lambda c: None, seconds=WAIT + 1),                              # "100 Continue" past WAIT, then good
+    head_trickle,                                                             # a good answer's head, byte by byte
+    then_good(raw(b"HTTP/1.0 302 Found\r\nLocation: /status\r\nContent-Length: 0")),  # good where it points
 ], ids=["announced-over", "unannounced-over", "chunked-over", "short-length", "length-x", "length-neg",
         "length-huge", "ends-short", "not-json", "list", "no-state", "owned-str", "deep", "binary", "500",
-        "long-header", "not-http", "silent", "trickle"])
+        "long-header", "not-http", "silent", "trickle", "continue-forever", "head-trickle", "redirect"])
 def test_an_unreadable_status_is_none(peer, answer):
     url, ans = peer
     ans[0] = answer
+    t = time.monotonic()
     assert read_status(url + "/status", timeout=WAIT, limit=2000, within=1.0) is None
+    assert time.monotonic() - t < WAIT  # within=1.0 bounds the whole exchange, not each receive
 
 
 def test_nobody_listening_is_none():
@@ -169,6 +200,21 @@ def test_a_bad_transfer_is_a_transfer_error(peer, tmp_path, answer, match, final
     with pytest.raises(transfer.TransferError, match=match) as e:
         transfer.download(url + "/x", tmp_path / "f", timeout=WAIT)
     assert e.value.final is final
+
+
+@pytest.mark.parametrize("answer", [
+    trickle(ok(DATA, Content_Length=100, **{H_SHA: SHA}), DATA[:100], 0.1),  # each byte in time, the whole not
+    then_good(lambda c: None, seconds=WAIT + 1),                               # "100 Continue" past WAIT
+], ids=["body-trickle", "continue-forever"])
+def test_a_transfer_ends_by_its_deadline(peer, tmp_path, answer):
+    """A peer that keeps every receive within its timeout cannot hold the new owner past the
+    handoff's deadline: it gives up there (and rebuilds), head and body alike."""
+    url, ans = peer
+    ans[0] = answer
+    t = time.monotonic()
+    with pytest.raises(transfer.TransferError, match="not read in time"):
+        transfer.fetch_with_retries(url + "/x", tmp_path / "f", deadline=t + 1.0)
+    assert time.monotonic() - t < WAIT
 
 
 def test_a_transfer_must_fit_on_disk(peer, tmp_path, monkeypatch):

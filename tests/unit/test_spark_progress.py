@@ -74,6 +74,11 @@ def test_a_stateless_query_without_batch_duration():
     b"[]", b"not json", b'{"batchId": 1}',                              # not an object; no startedAtMs
     b'{"startedAtMs": 1, "batchId": -1}', b'{"startedAtMs": 1, "batchId": "x"}',
     b'{"startedAtMs": 1, "endOffsets": {"t": {"zero": 1}}}', b"[" * 100_000 + b"]" * 100_000,
+    # Figures status could not hold: past the year 9999, beyond int64, not a number.
+    b'{"startedAtMs": 0, "batchTimeMs": 1000000000000000000}', b'{"startedAtMs": 1, "batchId": 9223372036854775808}',
+    b'{"startedAtMs": 1, "checkpointUnreachableSinceMs": 253402300800000}',
+    b'{"startedAtMs": 1, "endOffsets": {"t": {"0": 9223372036854775808}}}',
+    b'{"startedAtMs": 1, "inputRowsPerSecond": Infinity}', b'{"startedAtMs": 1, "processedRowsPerSecond": NaN}',
 ])
 def test_what_is_not_a_progress_is_refused(body):
     with pytest.raises(ValueError):

@@ -11,6 +11,7 @@ reported as unreadable, never raised into the operator.
 from __future__ import annotations
 
 import http.client
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from pydantic.alias_generators import to_camel
@@ -20,6 +21,11 @@ from eopipe.core.wire import get_capped, json_object
 # A document is a few hundred bytes plus one offset per source partition: 64 KiB is thousands.
 PROGRESS_MAX_BYTES = 64 << 10
 PROGRESS_READ_SECONDS = 2.0
+# Bounds a real driver never reaches, so that what it says can always be written into status:
+# a time up to the year 9999 (status says it as RFC 3339), counts and offsets Kafka's int64s.
+EpochMs = Annotated[int, Field(ge=0, le=253_402_300_799_999)]
+Count = Annotated[int, Field(ge=0, le=2**63 - 1)]
+Rate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class SparkProgress(BaseModel):
@@ -28,19 +34,19 @@ class SparkProgress(BaseModel):
 
     query_id: str | None = None
     run_id: str | None = None
-    started_at_ms: int = Field(ge=0)              # when this run of the query started
-    batch_id: int | None = Field(None, ge=0)
-    batch_time_ms: int | None = Field(None, ge=0)  # when the batch ended (its start + its duration)
-    batch_duration_ms: int | None = Field(None, ge=0)
-    num_input_rows: int | None = Field(None, ge=0)
-    input_rows_per_second: float | None = Field(None, ge=0)
-    processed_rows_per_second: float | None = Field(None, ge=0)
-    state_rows: int | None = Field(None, ge=0)     # summed over the stateful operators
-    state_bytes: int | None = Field(None, ge=0)
+    started_at_ms: EpochMs                        # when this run of the query started
+    batch_id: Count | None = None
+    batch_time_ms: EpochMs | None = None          # when the batch ended (its start + its duration)
+    batch_duration_ms: EpochMs | None = None
+    num_input_rows: Count | None = None
+    input_rows_per_second: Rate | None = None
+    processed_rows_per_second: Rate | None = None
+    state_rows: Count | None = None               # summed over the stateful operators
+    state_bytes: Count | None = None
     # topic -> partition -> the offset the batch read up to (exclusive), Spark's endOffset.
-    end_offsets: dict[str, dict[int, int]] = Field(default_factory=dict)
+    end_offsets: dict[str, dict[Count, Count]] = Field(default_factory=dict)
     # Set while the checkpoint's store has not answered the driver's probe (spark_app/progress.py).
-    checkpoint_unreachable_since_ms: int | None = Field(None, ge=0)
+    checkpoint_unreachable_since_ms: EpochMs | None = None
     checkpoint_error: str | None = Field(None, max_length=1000)
     # False until the driver's query has started; a driver of an earlier image does not say (True).
     query_running: StrictBool = True

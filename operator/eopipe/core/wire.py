@@ -24,8 +24,9 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import time
-import urllib.request
+import urllib.parse
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Annotated, Any
@@ -248,12 +249,68 @@ def json_object(body: bytes) -> dict:
     return doc
 
 
+class _DeadlineSocket(socket.socket):
+    """http.client reads an answer receive by receive (its status line, any number of
+    "100 Continue" heads before it, each header, the body), each with only the connection's own
+    timeout: here every receive also ends by the monotonic `deadline`, so a peer trickling or
+    repeating its head cannot hold the reader past it."""
+    deadline = float("inf")
+    per_read: float | None = None
+
+    def recv_into(self, buffer, nbytes=0, flags=0):
+        left = self.deadline - time.monotonic()
+        if left > 0:
+            self.settimeout(left if self.per_read is None else min(left, self.per_read))
+            try:
+                return super().recv_into(buffer, nbytes, flags)
+            except TimeoutError:
+                if time.monotonic() < self.deadline:
+                    raise
+        raise TimeoutError("the answer was not read in time")
+
+
+class _Connection(http.client.HTTPConnection):
+    def __init__(self, host: str, port: int, per_read: float, deadline: float):
+        super().__init__(host, port, timeout=per_read)
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no time left to connect")
+        plain = socket.create_connection((self.host, self.port), min(self.timeout, left))
+        sock = _DeadlineSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+        sock.deadline, sock.per_read = self.deadline, self.timeout
+        sock.settimeout(min(self.timeout, left))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+
+
+def open_get(url: str, per_read: float, deadline: float, headers: dict | None = None) -> http.client.HTTPResponse:
+    """GET url (http:// only), its response's head read: every receive waits at most `per_read`
+    seconds and, head and body alike, ends by the monotonic `deadline` (TimeoutError, an
+    OSError). What answers is the peer asked: no redirect is followed, no proxy is used (the
+    environment's http_proxy is for the pod's own traffic, not for the cluster's)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"not an http:// URL: {url[:100]!r}")
+    conn = _Connection(parts.hostname, parts.port or 80, per_read, deadline)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        conn.request("GET", target, headers={**(headers or {}), "Connection": "close"})
+        return conn.getresponse()  # the response keeps the socket open until it is closed
+    finally:
+        conn.close()
+
+
 def get_capped(url: str, timeout: float, limit: int, within: float) -> bytes:
-    """The body of GET url, at most `limit` bytes read `within` seconds; ValueError for a body
-    announced or found longer, cut short of its Content-Length or read too slowly (OSError and
-    HTTPException as urllib raises them)."""
+    """The body of GET url, at most `limit` bytes, the whole exchange `within` seconds;
+    ValueError for an answer other than 200, a body announced or found longer, cut short of its
+    Content-Length or read too slowly (OSError and HTTPException as http.client raises them)."""
     deadline = time.monotonic() + within
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+    with open_get(url, timeout, deadline) as r:
+        if r.status != 200:
+            raise ValueError(f"HTTP {r.status}")
         announced = r.headers.get("Content-Length")
         if announced is not None and (not announced.isascii() or not announced.strip().isdigit()
                                       or int(announced) > limit):

@@ -13,11 +13,9 @@ import http.client
 import re
 import shutil
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from eopipe.core.wire import H_APPLIED, H_KEYS, H_SHA, H_STOPPED
+from eopipe.core.wire import H_APPLIED, H_KEYS, H_SHA, H_STOPPED, open_get
 from eopipe.dedup import auth
 
 CHUNK = 1 << 20
@@ -38,18 +36,18 @@ class TransferError(Exception):
         self.busy = busy
 
 
-def _get(url: str, timeout: float, token: str | None = None):
+def _get(url: str, timeout: float, deadline: float, token: str | None = None) -> http.client.HTTPResponse:
     try:
-        return urllib.request.urlopen(urllib.request.Request(url, headers=auth.headers(token)), timeout=timeout)
-    except urllib.error.HTTPError as e:
-        # 401/403: the peer has another token or none; waiting does not change that.
-        if e.code in (401, 403, 404, 410):
-            raise TransferError(f"{url}: HTTP {e.code}", final=True) from None
-        raise TransferError(f"{url}: HTTP {e.code}", busy=e.code == 503) from None
+        r = open_get(url, timeout, deadline, auth.headers(token))
     except http.client.HTTPException as e:  # not HTTP, or cut short in its head
         raise TransferError(f"{url}: malformed answer ({type(e).__name__})") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise TransferError(f"{url}: {getattr(e, 'reason', e)}") from None
+    except (OSError, ValueError) as e:
+        raise TransferError(f"{url}: {e}") from None
+    if r.status != 200:
+        r.close()
+        # 401/403: the peer has another token or none; waiting does not change that.
+        raise TransferError(f"{url}: HTTP {r.status}", final=r.status in (401, 403, 404, 410), busy=r.status == 503)
+    return r
 
 
 def free_bytes(path: Path) -> int:
@@ -102,11 +100,13 @@ def copy_capped(src, dst, size: int, what: str) -> str:
     return h.hexdigest()
 
 
-def download(url: str, dest: Path, *, timeout: float = 30, token: str | None = None) -> dict:
-    """GETs url into dest with the pipeline's token, within the bounds above; checks the size
-    and sha256. Returns the headers' facts (numbers) and how long it took (ms)."""
+def download(url: str, dest: Path, *, timeout: float = 30, deadline: float | None = None,
+             token: str | None = None) -> dict:
+    """GETs url into dest with the pipeline's token, within the bounds above and by the
+    monotonic `deadline` (default: `timeout` from now), head and body; checks the size and
+    sha256. Returns the headers' facts (numbers) and how long it took (ms)."""
     t0 = time.monotonic()
-    with _get(url, timeout, token) as r:
+    with _get(url, timeout, t0 + timeout if deadline is None else deadline, token) as r:
         size = announced_size(url, r.headers.get("Content-Length"))
         facts = header_facts(url, r.headers)
         want = r.headers.get(H_SHA)
@@ -131,7 +131,8 @@ def fetch_with_retries(url: str, dest: Path, *, deadline: float, should_stop=lam
         if should_stop():
             raise TransferError("stopping", final=True)
         try:
-            return download(url, dest, timeout=max(1.0, min(60.0, deadline - time.monotonic())), token=token)
+            return download(url, dest, timeout=max(1.0, min(60.0, deadline - time.monotonic())),
+                            deadline=deadline, token=token)
         except TransferError as e:
             busy = e.busy
             wait = BUSY_RETRY if busy else delay
