@@ -46,10 +46,12 @@ def _pass(api: client.ApiClient, names: Names) -> Pass:
     return Pass(plane, names, {"metadata": {"namespace": names.namespace, "name": names.pipeline}}, Outcome())
 
 
-def _statefulset_pod_on(core: client.CoreV1Api, apps: client.AppsV1Api, names: Names, node: str):
+def _statefulset_pod_on(core: client.CoreV1Api, apps: client.AppsV1Api, names: Names, node: str,
+                        pin: tuple[str, str] | None = None):
     """The pipeline's dedup StatefulSet of one pod, bound to `node` as the scheduler would, its
-    claim bound to a local volume there (named after the node). Returns the pod and its claim's
-    name and uid."""
+    claim bound to a local volume there (named after the node), pinned by the node label `pin`
+    (key, value; default its hostname, the node's name). Returns the pod and its claim's name
+    and uid."""
     k8s_namespace = names.namespace
     labels = names.labels("dedup")
     apps.create_namespaced_stateful_set(k8s_namespace, {
@@ -67,6 +69,7 @@ def _statefulset_pod_on(core: client.CoreV1Api, apps: client.AppsV1Api, names: N
                  "volumeClaimTemplates": [{"metadata": {"name": STATE_VOLUME}, "spec": {
                      "storageClassName": "", "accessModes": ["ReadWriteOnce"],
                      "resources": {"requests": {"storage": "1Mi"}}}}]}})
+    key, value = pin or ("kubernetes.io/hostname", node)
     pod_name, claim_name = f"{names.dedup}-0", f"{STATE_VOLUME}-{names.dedup}-0"
     pod = _wait("the StatefulSet's pod", lambda: next(iter(core.list_namespaced_pod(
         k8s_namespace, field_selector=f"metadata.name={pod_name}").items), None))
@@ -82,7 +85,7 @@ def _statefulset_pod_on(core: client.CoreV1Api, apps: client.AppsV1Api, names: N
             "persistentVolumeReclaimPolicy": "Retain", "local": {"path": "/nonexistent"},
             "claimRef": {"namespace": k8s_namespace, "name": claim_name, "uid": claim_uid},
             "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}})
+                {"key": key, "operator": "In", "values": [value]}]}]}}}})
     _wait("the claim bound to the local volume", lambda: core.read_namespaced_persistent_volume_claim(
         claim_name, k8s_namespace).spec.volume_name or None)
     return pod, claim_name, claim_uid
@@ -99,15 +102,23 @@ def _remove_node(core: client.CoreV1Api, node: str) -> None:
 
 
 @pytest.mark.k8s
-def test_a_pod_on_a_lost_node_and_its_local_claim_are_replaced(kube_api, k8s_namespace):
+@pytest.mark.parametrize("pin", ["hostname", "topolvm"])
+def test_a_pod_on_a_lost_node_and_its_local_claim_are_replaced(kube_api, k8s_namespace, pin):
+    """`pin`: the local volume names its node by the hostname label, which is the Node's name
+    (local-path, local PVs), or by TopoLVM's own label, on a Node whose hostname label is not
+    its name either (a cloud's short hostname)."""
     core, apps = client.CoreV1Api(kube_api), client.AppsV1Api(kube_api)
     ex = example_names()
     names = Names(k8s_namespace, ex.pipeline, ex.spec)
     lost = f"eopipe-lost-{uuid.uuid4().hex[:6]}"
-    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=lost, labels={"kubernetes.io/hostname": lost})))
+    node_labels = {"kubernetes.io/hostname": lost}
+    if pin == "topolvm":
+        node_labels = {"kubernetes.io/hostname": f"{lost}-short", "topology.topolvm.io/node": f"{lost}-lvm"}
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=lost, labels=node_labels)))
     try:
         _node(core, lost, "Unknown", datetime.now(timezone.utc) - timedelta(minutes=10))
-        pod, claim_name, claim_uid = _statefulset_pod_on(core, apps, names, lost)
+        pod, claim_name, claim_uid = _statefulset_pod_on(
+            core, apps, names, lost, ("topology.topolvm.io/node", f"{lost}-lvm") if pin == "topolvm" else None)
         pod_name, labels = pod.metadata.name, names.labels("dedup")
         # A pod of the tenant's with the dedup labels on the same node: not the StatefulSet's.
         core.create_namespaced_pod(k8s_namespace, {

@@ -167,6 +167,12 @@ def test_waiting_says_when_it_acts():
 H = HOSTNAME_LABEL
 
 
+LVM = "topology.topolvm.io/node"
+# Node name -> labels: n1's hostname label is its name, n2's is not (a cloud's short hostname).
+NODES = {"n1": {H: "n1", LVM: "n1", "topology.kubernetes.io/zone": "a"},
+         "n2.internal": {H: "n2", LVM: "n2", "topology.kubernetes.io/zone": "a"}}
+
+
 @pytest.mark.parametrize("terms, want", [
     ([[(H, "In", ("n1",))]], "n1"),  # a local volume (local-path, local PV)
     ([[(H, "In", ("n1",))], [(H, "In", ("n1",))]], "n1"),
@@ -176,9 +182,14 @@ H = HOSTNAME_LABEL
     ([[(H, "In", ("n1",)), ("topology.kubernetes.io/zone", "In", ("a",))]], "n1"),
     ([[(H, "NotIn", ("n1",))]], None),
     ([], None),  # no affinity: any node
+    ([[(H, "In", ("n2",))]], "n2.internal"),  # the Node whose hostname label it is, by its name
+    ([[(H, "In", ("n9",))]], "n9"),  # no Node carries it: a node that is gone
+    ([[(LVM, "In", ("n2",))]], "n2.internal"),  # TopoLVM's and LVMS's own node label
+    ([[("openebs.io/nodename", "In", ("n9",))]], "n9"),
+    ([[(LVM, "In", ("n1",)), (H, "In", ("n2",))]], None),  # no node is both
 ])
 def test_pinned_node(terms, want):
-    assert pinned_node(terms) == want
+    assert pinned_node(terms, NODES) == want
 
 
 def test_lost_is_the_pods_on_a_node_lost_past_the_threshold_that_no_longer_answer():

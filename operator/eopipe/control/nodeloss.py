@@ -48,12 +48,17 @@ condition yet (nothing is known of it). Below the threshold the plan only says w
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from eopipe.control.status import DEDUP, PROCESSING, Condition
 from eopipe.core.durations import format_duration
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
+# The node labels by which local volumes pin their PersistentVolume to one node (a required
+# nodeAffinity, operator In): local-path-provisioner and local PVs by hostname, OpenEBS LocalPV,
+# TopoLVM and LVMS (OpenShift) by their own.
+LOCAL_VOLUME_KEYS = (HOSTNAME_LABEL, "openebs.io/nodename", "topology.topolvm.io/node", "topology.lvms.io/node")
 SELECTED_NODE = "volume.kubernetes.io/selected-node"  # the scheduler's pick for a claim not yet bound
 # Kubernetes marks a node NotReady only after node-monitor-grace-period (40 s; 50 s from 1.32)
 # without a heartbeat; this is counted from then. See docs/design.md#node-loss.
@@ -147,17 +152,27 @@ class Plan:
         return None
 
 
-def pinned_node(terms: list[list[tuple[str, str, tuple[str, ...]]]]) -> str | None:
-    """The one node a PersistentVolume's required nodeAffinity admits, by hostname (a local
-    volume), else None (a network volume, or one a zone or several nodes can reach). `terms`:
-    the nodeSelectorTerms (ORed), each its matchExpressions (ANDed) as (key, operator, values)."""
-    hosts = set()
+def pinned_node(terms: list[list[tuple[str, str, tuple[str, ...]]]],
+                node_labels: Mapping[str, Mapping[str, str]]) -> str | None:
+    """The name of the one node a PersistentVolume's required nodeAffinity admits by a local
+    volume's node label (LOCAL_VOLUME_KEYS), else None (a network volume, or one a zone or
+    several nodes can reach). A value names the Node that carries it (a hostname label need not
+    be the Node's name), or, where no Node does, a node that is gone (the value itself).
+    `terms`: the nodeSelectorTerms (ORed), each its matchExpressions (ANDed) as (key, operator,
+    values); `node_labels`: every Node's labels by its name."""
+    names: set[str] = set()
     for term in terms:
-        named = [set(v) for k, op, v in term if k == HOSTNAME_LABEL and op == "In"]
-        if not named:
+        admitted: set[str] | None = None
+        for key, op, values in term:
+            if key not in LOCAL_VOLUME_KEYS or op != "In":
+                continue
+            carried = {n: labels[key] for n, labels in node_labels.items() if labels.get(key) in values}
+            these = set(carried) | (set(values) - set(carried.values()))
+            admitted = these if admitted is None else admitted & these
+        if admitted is None:
             return None  # this term admits nodes by something else
-        hosts |= set.intersection(*named)
-    return next(iter(hosts)) if len(hosts) == 1 else None
+        names |= admitted
+    return next(iter(names)) if len(names) == 1 else None
 
 
 def state(facts: Facts, name: str) -> tuple[str, str]:

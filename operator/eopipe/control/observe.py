@@ -155,11 +155,14 @@ class Observer:
         for pod in pods:
             node(pod.node)
         claims = {}
+        labels: dict[str, dict[str, str]] | None = None  # every Node's, read once if a claim needs them
         for pod in pods:
             if pod.node and nodes.get(pod.node, nodeloss.Node("", "")).ready == "True":
                 continue
             for name in pod.claims:
-                if (claim := self._claim(names.namespace, name)) is not None:
+                if labels is None:
+                    labels = {n.metadata.name: n.metadata.labels or {} for n in self.core.list_node().items}
+                if (claim := self._claim(names.namespace, name, labels)) is not None:
                     claims[name] = claim
                     node(claim.node or "")
         return nodeloss.Facts(now_ms, threshold_ms, tuple(pods), claims, nodes)
@@ -179,9 +182,10 @@ class Observer:
         since = cond.last_transition_time
         return nodeloss.Node(name, cond.status or "", int(since.timestamp() * 1000) if since else None, cordoned)
 
-    def _claim(self, namespace: str, name: str) -> nodeloss.Claim | None:
-        """The claim, pinned to the node of its PersistentVolume's hostname affinity; a claim not
-        bound yet, to the node the scheduler picked for it (volume.kubernetes.io/selected-node)."""
+    def _claim(self, namespace: str, name: str, labels: dict[str, dict[str, str]]) -> nodeloss.Claim | None:
+        """The claim, pinned to the node its PersistentVolume's affinity names (nodeloss.pinned_node,
+        from every Node's `labels`); a claim not bound yet, to the node the scheduler picked for it
+        (volume.kubernetes.io/selected-node)."""
         try:
             pvc = self.core.read_namespaced_persistent_volume_claim(name, namespace)
         except client.ApiException as e:
@@ -199,7 +203,7 @@ class Observer:
                 required = pv.spec.node_affinity and pv.spec.node_affinity.required
                 pinned = nodeloss.pinned_node([
                     [(x.key, x.operator, tuple(x.values or ())) for x in t.match_expressions or ()]
-                    for t in (required.node_selector_terms if required else ())])
+                    for t in (required.node_selector_terms if required else ())], labels)
         else:
             pinned = (pvc.metadata.annotations or {}).get(nodeloss.SELECTED_NODE)
         return nodeloss.Claim(name, pvc.metadata.uid, pinned, pvc.metadata.deletion_timestamp is not None)
