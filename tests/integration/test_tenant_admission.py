@@ -39,7 +39,11 @@ REFUSED = [
      "spec.processing.sparkConf[spark.hadoop.fs.s3a.assumed.role.arn]"),
     ({"spec.processing.hadoopConf": {"fs.s3a.aws.credentials.provider": "x"}},
      "spec.processing.hadoopConf[fs.s3a.aws.credentials.provider]"),
+    ({"spec.dedup.podTemplate": {"annotations": {"sidecar.istio.io/proxyImage": "evil"}}},
+     "spec.dedup.podTemplate.annotations[sidecar.istio.io/proxyImage]"),
 ]
+HOSTNAME_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["cp"]}]}]}}}
 
 
 def _install(cp, ns: str, tools, helm_env, *values: str) -> str:
@@ -103,10 +107,15 @@ def test_an_admin_can_allow_more(crds, kube_api, k8s_namespace, tools, helm_env)
     out = _install(crds, k8s_namespace, tools, helm_env, "--set", "tenantPolicy.spark.serviceAccounts={spark-s3}",
                    "--set", "tenantPolicy.scheduling.priorityClasses={data}",
                    "--set", "tenantPolicy.kafka.bootstrapServers={*.kafka.svc:9092}",
-                   "--set", "tenantPolicy.objectStore.endpoints={http://*.storage.svc:8333}")
+                   "--set", "tenantPolicy.objectStore.endpoints={http://*.storage.svc:8333}",
+                   "--set", "tenantPolicy.scheduling.nodeSelectorKeys={pool}")
     try:
+        pool = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {
+            "matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}}]}}
         good = changed(example("payments.yaml"), **{"spec.processing.serviceAccount": "spark-s3",
-                                                    "spec.dedup.podTemplate": {"priorityClassName": "data"},
+                                                    "spec.processing.affinity": pool,
+                                                    "spec.dedup.podTemplate": {"priorityClassName": "data",
+                                                                               "affinity": pool},
                                                     "spec.dedup.backup": {"uri": "s3://state",
                                                                           "endpoint": "http://s3.storage.svc:8333"}})
         far = changed(good, **{"metadata.name": "far", "spec.kafka.bootstrapServers": "kafka.evil.example:9092"})
@@ -120,6 +129,11 @@ def test_an_admin_can_allow_more(crds, kube_api, k8s_namespace, tools, helm_env)
             ckpt = changed(good, **{"metadata.name": "ckpt", f"spec.processing.{conf}": {key: "169.254.169.254"}})
             res = kubectl_apply(crds, k8s_namespace, ckpt, check=False)
             assert f"spec.processing.{conf}[{key}]: 169.254.169.254 is not allowed" in res.stderr, res.stderr
+        # A nodeAffinity by another key than the admin's nodeSelectorKeys, in either stage.
+        for field in ("spec.dedup.podTemplate.affinity", "spec.processing.affinity"):
+            res = kubectl_apply(crds, k8s_namespace, changed(good, **{"metadata.name": "pin", field: HOSTNAME_AFFINITY}),
+                                check=False)
+            assert f"{field}.nodeAffinity: a key is not allowed" in res.stderr, res.stderr
         res = kubectl_apply(crds, k8s_namespace, good, check=False)
         assert res.returncode == 0, res.stderr
     finally:

@@ -104,6 +104,28 @@ def refused(s: PipelineSpec, p: dict | None = None, registries=()) -> list[str]:
     (spec(dedup={"podTemplate": {"priorityClassName": "data"}}), {"scheduling": {"priorityClasses": ["data"]}}, []),
     (spec(dedup={"podTemplate": {"nodeSelector": {"kubernetes.io/hostname": "cp"}}}),
      {"scheduling": {"nodeSelectorKeys": ["pool"]}}, ["spec.dedup.podTemplate.nodeSelector: key kubernetes.io/hostname"]),
+    # A nodeAffinity chooses nodes as a nodeSelector does: the same keys.
+    (spec(dedup={"podTemplate": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]},
+                              {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["cp"]}]}]}}}}}),
+     {"scheduling": {"nodeSelectorKeys": ["pool"]}},
+     ["spec.dedup.podTemplate.affinity.nodeAffinity: key metadata.name is not allowed"]),
+    (spec(processing={"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                                           "values": ["cp"]}]}}]}}}),
+     {"scheduling": {"nodeSelectorKeys": ["pool"]}}, ["spec.processing.affinity.nodeAffinity: key kubernetes.io/hostname"]),
+    (spec(processing={"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "x"},
+                                   "podAntiAffinity": {}}}), {"scheduling": {"nodeSelectorKeys": ["pool"]}}, []),
+    # Annotations other controllers act on: a sidecar's image, a Vault role, a Multus network.
+    (spec(dedup={"podTemplate": {"annotations": {"sidecar.istio.io/proxyImage": "evil", "team": "a"}}}), None,
+     ["spec.dedup.podTemplate.annotations[sidecar.istio.io/proxyImage]: not allowed by the tenant policy"]),
+    (spec(dedup={"podTemplate": {"annotations": {"vault.hashicorp.com/agent-inject": "true",
+                                                 "k8s.v1.cni.cncf.io/networks": "host-net"}}}), None,
+     ["[vault.hashicorp.com/agent-inject]", "[k8s.v1.cni.cncf.io/networks]"]),
+    (spec(dedup={"podTemplate": {"annotations": {"team": "a", "example.com/owner": "b"}}}),
+     {"pods": {"annotationKeys": ["example.com/*"]}}, ["annotations[team]"]),
+    (spec(dedup={"podTemplate": {"annotations": {"team": "a"}}}), {"pods": {"deniedAnnotationKeys": ["team"]}},
+     ["annotations[team]"]),
     # Sizes and addresses.
     (spec(dedup={"storage": {"size": "10Ti"}}), None, ["spec.dedup.storage.size: 10Ti is above"]),
     (spec(processing={"checkpoint": {"pvc": {"size": "2Gi"}}}), {"maxStorage": "1Gi"},

@@ -171,3 +171,16 @@ reads Nodes and PersistentVolumes by name.
 {{- end -}}
 {{- toJson $out -}}
 {{- end -}}
+
+{{/*
+The node selector terms of a nodeAffinity (CEL, the path given): the required terms and the
+preferred ones' preferences, in one list. Free-form (the CRD keeps affinity as given).
+*/}}
+{{- define "eopipe.nodeTerms" -}}
+(has({{ . }}.requiredDuringSchedulingIgnoredDuringExecution) && has({{ . }}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms) ? {{ . }}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms : []) + (has({{ . }}.preferredDuringSchedulingIgnoredDuringExecution) ? {{ . }}.preferredDuringSchedulingIgnoredDuringExecution.filter(w, has(w.preference)).map(w, w.preference) : [])
+{{- end -}}
+
+{{/* CEL: every matchExpressions and matchFields key of the terms in variable . is an allowed nodeSelector key. */}}
+{{- define "eopipe.termKeysAllowed" -}}
+variables.{{ . }}.all(t, (!has(t.matchExpressions) || t.matchExpressions.all(e, variables.nodeSelectorKeys.exists(r, string(e.key).matches(r)))) && (!has(t.matchFields) || t.matchFields.all(e, variables.nodeSelectorKeys.exists(r, string(e.key).matches(r)))))
+{{- end -}}

@@ -65,6 +65,14 @@ DENIED_ENV = (
 SPARK_HADOOP = "spark.hadoop."
 S3A_ROUTE = r"(?:spark\.hadoop\.)?fs\.s3a\.(?:bucket\..+\.)?(?:endpoint|proxy\.host)"
 ENV_ALLOW_PATTERN = r"[A-Z][A-Z0-9_]*"
+# Pod annotations that other controllers act on: a sidecar with an image of its own (Istio,
+# Linkerd), secrets injected by a role's name (Vault's agent), extra networks past NetworkPolicy
+# (Multus), a weaker confinement (AppArmor, seccomp), the runtime's own settings (CRI-O).
+DENIED_ANNOTATION_KEYS = (
+    "sidecar.istio.io/*", "proxy.istio.io/*", "linkerd.io/*", "config.linkerd.io/*", "vault.hashicorp.com/*",
+    "k8s.v1.cni.cncf.io/*", "v1.multus-cni.io/*", "container.apparmor.security.beta.kubernetes.io/*",
+    "seccomp.security.alpha.kubernetes.io/*", "io.kubernetes.cri-o.*",
+)
 # Taints only the cluster's own nodes carry; the empty key tolerates every taint.
 DENIED_TOLERATION_KEYS = ("", "node-role.kubernetes.io/*")
 MAX_STORAGE = "500Gi"
@@ -108,12 +116,18 @@ class SchedulingPolicy(_Section):
     priority_classes: tuple[str, ...] = ()
 
 
+class PodPolicy(_Section):
+    annotation_keys: tuple[str, ...] = Field(("*",), description="dedup pod annotation keys a pipeline may set")
+    denied_annotation_keys: tuple[str, ...] = ()
+
+
 class TenantPolicy(_Section):
     spark: SparkPolicy = SparkPolicy()
     env: EnvPolicy = EnvPolicy()
     kafka: KafkaPolicy = KafkaPolicy()
     object_store: ObjectStorePolicy = ObjectStorePolicy()
     scheduling: SchedulingPolicy = SchedulingPolicy()
+    pods: PodPolicy = PodPolicy()
     max_storage: str = MAX_STORAGE
     restores: tuple[RestoreGrant, ...] = Field(
         (), description="spec.restoreFrom across namespaces: which namespace's pipelines may be continued from "
@@ -205,15 +219,43 @@ def _tolerations(field: str, tolerations, policy: TenantPolicy) -> list[str]:
     return out
 
 
-def _scheduling(field: str, node_selector, tolerations, priority_class, policy: TenantPolicy) -> list[str]:
+def node_affinity_keys(affinity) -> list[str]:
+    """The node label keys (and node fields) a nodeAffinity selects by, required and preferred:
+    the same choice of nodes as a nodeSelector's keys. Free-form input: what is not a term is
+    skipped (the API server refuses such a pod)."""
+    def dicts(x) -> list[dict]:
+        return [d for d in x if isinstance(d, dict)] if isinstance(x, list) else []
+    na = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    if not isinstance(na, dict):
+        return []
+    required = na.get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = dicts(required.get("nodeSelectorTerms")) if isinstance(required, dict) else []
+    terms += [w["preference"] for w in dicts(na.get("preferredDuringSchedulingIgnoredDuringExecution"))
+              if isinstance(w.get("preference"), dict)]
+    return [str(e.get("key", "")) for t in terms for part in ("matchExpressions", "matchFields")
+            for e in dicts(t.get(part))]
+
+
+def _scheduling(field: str, node_selector, tolerations, priority_class, policy: TenantPolicy,
+                affinity=None) -> list[str]:
     out = _tolerations(f"{field}.tolerations", tolerations, policy)
     out += [f"{field}.nodeSelector: key {k} is not allowed by the tenant policy "
             "(tenantPolicy.scheduling.nodeSelectorKeys)"
             for k in node_selector if not matches(k, policy.scheduling.node_selector_keys)]
+    out += [f"{field}.affinity.nodeAffinity: key {k} is not allowed by the tenant policy "
+            "(tenantPolicy.scheduling.nodeSelectorKeys)"
+            for k in node_affinity_keys(affinity) if not matches(k, policy.scheduling.node_selector_keys)]
     if priority_class is not None and priority_class not in policy.scheduling.priority_classes:
         out.append(f"{field}.priorityClassName: {priority_class} is not allowed by the tenant policy "
                    "(tenantPolicy.scheduling.priorityClasses)")
     return out
+
+
+def _annotations(field: str, annotations, policy: TenantPolicy) -> list[str]:
+    pods = policy.pods
+    return [f"{field}[{k}]: not allowed by the tenant policy (tenantPolicy.pods.annotationKeys)"
+            for k in annotations if not matches(k, pods.annotation_keys)
+            or matches(k, (*DENIED_ANNOTATION_KEYS, *pods.denied_annotation_keys))]
 
 
 def _envs(field: str, env, env_from, policy: TenantPolicy) -> list[str]:
@@ -265,7 +307,9 @@ def refusals(spec, policy: TenantPolicy, allowed_registries: tuple[str, ...] = (
     out += _storage("dedup.storage.size", dedup.storage.size, policy)
     tpl = dedup.pod_template
     out += _envs("dedup.podTemplate", tpl.env, (), policy)
-    out += _scheduling("dedup.podTemplate", tpl.node_selector, tpl.tolerations, tpl.priority_class_name, policy)
+    out += _annotations("dedup.podTemplate.annotations", tpl.annotations, policy)
+    out += _scheduling("dedup.podTemplate", tpl.node_selector, tpl.tolerations, tpl.priority_class_name, policy,
+                       tpl.affinity)
     proc = spec.processing
     if proc is not None:
         if proc.service_account is not None and proc.service_account not in policy.spark.service_accounts:
@@ -278,7 +322,7 @@ def refusals(spec, policy: TenantPolicy, allowed_registries: tuple[str, ...] = (
                                                                        ("hadoopConf", proc.hadoop_conf))
                 for k, v in conf.items() if re.fullmatch(S3A_ROUTE, k) and (why := _store_refusal(v, policy))]
         out += _envs("processing", proc.env, proc.env_from, policy)
-        out += _scheduling("processing", proc.node_selector, proc.tolerations, None, policy)
+        out += _scheduling("processing", proc.node_selector, proc.tolerations, None, policy, proc.affinity)
         if proc.checkpoint is not None and proc.checkpoint.pvc is not None and proc.checkpoint.pvc.claim_name is None:
             out += _storage("processing.checkpoint.pvc.size", proc.checkpoint.pvc.size, policy)
     return [f"spec.{r}" for r in out]
@@ -323,7 +367,7 @@ def builtin() -> dict:
     (charts/eopipe/files/tenant-policy-builtin.json, kept equal by tests/unit/test_policy.py)."""
     return {"deniedSparkConf": list(DENIED_SPARK_CONF), "allowedSparkConf": list(ALLOWED_SPARK_CONF),
             "deniedHadoopConf": list(DENIED_HADOOP_CONF), "deniedEnv": list(DENIED_ENV),
-            "deniedTolerationKeys": list(DENIED_TOLERATION_KEYS)}
+            "deniedTolerationKeys": list(DENIED_TOLERATION_KEYS), "deniedAnnotationKeys": list(DENIED_ANNOTATION_KEYS)}
 
 
 if __name__ == "__main__":
