@@ -1184,6 +1184,10 @@ def test_a_hostile_tenant_gains_nothing(node_tier):
         leak = _tenant_doc("leak", {"dedup": {"podTemplate": {"env": [
             {"name": "BANK_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "bank-creds", "key": "password"}}}]}}})
         assert _tenant_apply(leak).returncode == 0
+        # -- 7b: the Spark checkpoint on the dedup state claim of the tenant's pipeline minimal ------
+        steal = _tenant_doc("steal", {"processing": {"checkpoint": {"pvc": {"claimName": "state-minimal-dedup-0"}}}},
+                            spark=True)
+        assert _tenant_apply(steal).returncode == 0  # nor a claim's: the operator decides
         admin_secret = kubectl_json("-n", TENANT_NS, "get", "secret", "grab-dedup-token")["metadata"]
         assert _tenant_apply(_tenant_doc("grab")).returncode == 0
         t_grab = time.monotonic()
@@ -1207,6 +1211,12 @@ def test_a_hostile_tenant_gains_nothing(node_tier):
             in st["message"], st
         assert _children("leak", spark_kind) == []
         outcome("7 dedup env secretKeyRef bank-creds",
+                f"admitted; Stalled/PolicyDenied, nothing made: {st['message'][:160]}")
+        st = wait(lambda: _stalled("steal", "PolicyDenied"), 60, "steal Stalled (PolicyDenied)")
+        assert ("spec.processing.checkpoint.pvc.claimName: PersistentVolumeClaim state-minimal-dedup-0 is not open "
+                "to pipeline steal") in st["message"], st
+        assert _children("steal", spark_kind) == []
+        outcome("7b Spark checkpoint on claim state-minimal-dedup-0",
                 f"admitted; Stalled/PolicyDenied, nothing made: {st['message'][:160]}")
 
         st = wait(lambda: _stalled("grab", "Conflict"), 90, "grab Stalled (Conflict)")

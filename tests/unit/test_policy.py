@@ -187,11 +187,26 @@ def test_images_are_refused_through_the_registry_allow_list():
 def test_a_secret_reaches_a_pipeline_only_if_opened_to_it(annotations, pipeline, ok):
     s = spec(kafka={"bootstrapServers": "k:9092", "securityProtocol": "SASL_SSL",
                     "sasl": {"username": {"name": "kc", "key": "u"}, "password": {"name": "kc", "key": "p"}}})
-    got = policy.secret_refusals(policy.secret_refs(s), {"kc": annotations} if annotations is not None else {},
-                                 pipeline)
+    got = policy.opt_in_refusals("Secret", policy.secret_refs(s),
+                                 {"kc": annotations} if annotations is not None else {}, pipeline)
     assert got == ([] if ok else [f"spec.kafka.sasl.{f}: Secret kc is not open to pipeline {pipeline}: it must exist "
                                   f"and carry the annotation {OPT_IN} naming {pipeline} (or *)"
                                   for f in ("username", "password")])
+
+
+@pytest.mark.parametrize("annotations, ok", [(None, False), ({}, False), ({OPT_IN: "other"}, False),
+                                              ({OPT_IN: "p, payments"}, True), ({OPT_IN: "*"}, True)])
+def test_a_named_checkpoint_claim_is_mounted_only_if_opened_to_the_pipeline(annotations, ok):
+    """Another pipeline's state-<pod> claim, or another team's data, is not the tenant's to mount."""
+    s = spec(processing={"checkpoint": {"pvc": {"claimName": "state-other-dedup-0"}}})
+    refs = policy.claim_refs(s)
+    assert refs == [("processing.checkpoint.pvc.claimName", "state-other-dedup-0")]
+    got = policy.opt_in_refusals("PersistentVolumeClaim", refs,
+                                 {"state-other-dedup-0": annotations} if annotations is not None else {}, "payments")
+    assert got == ([] if ok else ["spec.processing.checkpoint.pvc.claimName: PersistentVolumeClaim state-other-dedup-0 "
+                                  f"is not open to pipeline payments: it must exist and carry the annotation {OPT_IN} "
+                                  "naming payments (or *)"])
+    assert policy.claim_refs(spec(processing={})) == []  # the operator's own claim needs no opening
 
 
 def test_every_secret_a_spec_names_is_found():

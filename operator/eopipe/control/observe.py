@@ -42,12 +42,15 @@ class Observer:
         return kafkaconf.client_config(names.spec.kafka,
                                        kafkaconf.secret_reader(self.core, names.namespace, names.pipeline))
 
-    def secret_annotations(self, names: Names, refs: list[tuple[str, str]]) -> dict[str, dict]:
-        """The annotations of each Secret named in `refs` that exists (for policy.secret_refusals)."""
+    def annotations(self, kind: str, names: Names, refs: list[tuple[str, str]]) -> dict[str, dict]:
+        """The annotations of each Secret or PersistentVolumeClaim (`kind`) named in `refs` that
+        exists (for policy.opt_in_refusals)."""
+        read = {"Secret": self.core.read_namespaced_secret,
+                "PersistentVolumeClaim": self.core.read_namespaced_persistent_volume_claim}[kind]
         out = {}
         for name in {n for _, n in refs}:
             try:
-                out[name] = self.core.read_namespaced_secret(name, names.namespace).metadata.annotations or {}
+                out[name] = read(name, names.namespace).metadata.annotations or {}
             except client.ApiException as e:
                 if e.status != 404:
                     raise

@@ -355,10 +355,21 @@ def secret_refs(spec) -> list[tuple[str, str]]:
     return out
 
 
-def secret_refusals(refs: list[tuple[str, str]], annotations: Mapping[str, dict | None], pipeline: str) -> list[str]:
-    """`annotations`: each named Secret's annotations, None where it does not exist (which reads
-    the same as not opened, so a status tells no tenant which Secrets exist)."""
-    return [f"spec.{field}: {SecretNotOpen(name, pipeline)}" for field, name in refs
+def claim_refs(spec) -> list[tuple[str, str]]:
+    """(field, claim name) of a PersistentVolumeClaim the spec names for the Spark checkpoint:
+    mounted read-write in the driver (and executors), so it must be opened to the pipeline as a
+    Secret is, or a tenant could name another pipeline's state or another team's data."""
+    proc = spec.processing
+    pvc = proc.checkpoint.pvc if proc is not None and proc.checkpoint is not None else None
+    return [("processing.checkpoint.pvc.claimName", pvc.claim_name)] if pvc is not None and pvc.claim_name else []
+
+
+def opt_in_refusals(kind: str, refs: list[tuple[str, str]], annotations: Mapping[str, dict | None],
+                    pipeline: str) -> list[str]:
+    """`annotations`: each named object's (a Secret or PersistentVolumeClaim, `kind`), None
+    where it does not exist (which reads the same as not opened, so a status tells no tenant
+    which objects exist)."""
+    return [f"spec.{field}: {SecretNotOpen(name, pipeline, kind)}" for field, name in refs
             if not opened_to(annotations.get(name), pipeline)]
 
 

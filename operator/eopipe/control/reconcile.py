@@ -102,11 +102,14 @@ class Reconciler:
             out.stages.append(Condition(PROCESSING, False, "ApplyFailed", str(e)))
 
     def _refusals(self, names: Names) -> list[str]:
-        """What the admin's tenant policy refuses in the spec, the Secrets it names included."""
-        refs = policy.secret_refs(names.spec)
-        return (policy.refusals(names.spec, self.settings.tenant_policy, self.settings.allowed_registries,
-                                names.namespace)
-                + policy.secret_refusals(refs, self.plane.observer.secret_annotations(names, refs), names.pipeline))
+        """What the admin's tenant policy refuses in the spec, the Secrets and claims it names included."""
+        out = policy.refusals(names.spec, self.settings.tenant_policy, self.settings.allowed_registries,
+                              names.namespace)
+        for kind, refs in (("Secret", policy.secret_refs(names.spec)),
+                           ("PersistentVolumeClaim", policy.claim_refs(names.spec))):
+            out += policy.opt_in_refusals(kind, refs, self.plane.observer.annotations(kind, names, refs),
+                                          names.pipeline)
+        return out
 
     def _claims(self) -> list[Claim]:
         """Every pipeline the operator can see (the namespaces it watches, else all): what they write."""

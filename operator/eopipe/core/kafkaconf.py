@@ -30,11 +30,11 @@ class NotAllowed(Exception):
 
 
 class SecretNotOpen(NotAllowed):
-    """A Secret a pipeline names is missing, or not opened to it: the two read the same, so a
-    status never tells a tenant which Secrets exist."""
+    """A Secret (or another object of `kind`) a pipeline names is missing, or not opened to it:
+    the two read the same, so a status never tells a tenant which objects exist."""
 
-    def __init__(self, name: str, pipeline: str):
-        super().__init__(f"Secret {name} is not open to pipeline {pipeline}: it must exist and carry the "
+    def __init__(self, name: str, pipeline: str, kind: str = "Secret"):
+        super().__init__(f"{kind} {name} is not open to pipeline {pipeline}: it must exist and carry the "
                          f"annotation {OPT_IN} naming {pipeline} (or *)")
 
 

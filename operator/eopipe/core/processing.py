@@ -51,7 +51,8 @@ STATEFUL_MESSAGE = ("processing.watermark or outputMode update/complete make a s
 class CheckpointClaim(Model):
     claim_name: str | None = Field(
         None, min_length=1, max_length=253,
-        description="an existing PersistentVolumeClaim in the pipeline's namespace; without it the operator "
+        description="an existing PersistentVolumeClaim in the pipeline's namespace, opened to the pipeline "
+                    "(annotation eopipe.dev/pipelines, as a Secret); without it the operator "
                     "creates <pipeline>-spark-checkpoint (kept on pipeline deletion with deletionPolicy Retain)")
     size: Quantity = Field("1Gi", description="of the claim the operator creates")
     storage_class_name: str | None = Field(None, min_length=1, max_length=253,
