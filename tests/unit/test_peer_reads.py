@@ -248,6 +248,16 @@ def test_a_snapshot_unpacks_only_plain_files_that_fit(tmp_path, monkeypatch):
     for bad in (sparse,):
         with pytest.raises(transfer.TransferError, match="unexpected member"):
             migrate.install_snapshot(bad, store, 0)
+    many = tmp_path / "many.tar"
+    with tarfile.open(many, "w") as tf:
+        for name in ("CURRENT", "000001.sst", "000002.sst", "MANIFEST-000003"):
+            tf.add(f, arcname=name)
+    monkeypatch.setattr(migrate, "MAX_SNAPSHOT_FILES", 3)
+    with pytest.raises(transfer.TransferError, match="more than 3 files"):
+        migrate.install_snapshot(many, store, 0)
+    monkeypatch.setattr(migrate, "MAX_SNAPSHOT_FILES", 4)
+    migrate.install_snapshot(many, store, 0)
+    assert store.exists(0)
 
 
 # -- re-shard exports -----------------------------------------------------------------------------

@@ -117,6 +117,11 @@ def remove_snapshot(state_dir: Path, partition: int) -> None:
         p.unlink(missing_ok=True)
 
 
+# A partition's RocksDB directory holds its SST files (up to 64 MiB each) and a few more: far
+# fewer than this, however large the state.
+MAX_SNAPSHOT_FILES = 100_000
+
+
 def install_snapshot(tar_path: Path, store, partition: int) -> None:
     """Replaces partition's store with the snapshot's contents (the store must be closed)."""
     target = store.path(partition)
@@ -124,11 +129,14 @@ def install_snapshot(tar_path: Path, store, partition: int) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     with tarfile.open(tar_path, "r") as tf:
-        members = tf.getmembers()
-        for m in members:
+        members = []
+        for m in tf:  # read one at a time: a snapshot of countless empty members ends at the cap, not in memory
             # Plain files only (a GNU sparse member is a "file" that unpacks far beyond its size).
             if m.type not in (tarfile.REGTYPE, tarfile.AREGTYPE) or "/" in m.name or m.name.startswith("."):
                 raise TransferError(f"unexpected member {m.name!r} in snapshot", final=True)
+            if len(members) == MAX_SNAPSHOT_FILES:
+                raise TransferError(f"snapshot has more than {MAX_SNAPSHOT_FILES} files", final=True)
+            members.append(m)
         ensure_room(staging, sum(m.size for m in members), "snapshot unpacked")
         # Members checked above; the "data" filter once more where the Python has it (3.11.4+:
         # the image's Debian 3.11.2 has not, and the checks above are enough there).
