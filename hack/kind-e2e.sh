@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make kind-e2e`: the end-to-end run on a kind cluster, for machines with Docker.
-# NOT run in our CI (no Docker engine there); the same flow runs there on the local control
-# plane (tests/e2e/test_operator.py, make demo). Needs: docker, kind, kubectl, helm on PATH.
+# NOT run in our CI (no Docker engine there); the same flow runs there on the node tier (a
+# kubelet, containerd, the chart, examples as written: tests/e2e/test_node_tier.py, make demo).
+# Needs: docker, kind, kubectl, helm on PATH.
 #
 #   1. a kind cluster `eopipe-e2e`; the operator image built from this repo and loaded into it
 #   2. a single-node Kafka in namespace kafka (hack/kind/kafka.yaml): kafka.kafka.svc:9092, the
@@ -12,7 +13,7 @@
 #      partitions go 4 -> 8; then `eopipe verify` (load and verify run in pods next to Kafka);
 #      exit status is verify's.
 # The Spark stage needs the Kubeflow Spark Operator in the cluster; `make demo` covers it on the
-# local control plane (driver SIGKILL included), this script leaves it out.
+# node tier (driver SIGKILL included), this script leaves it out.
 #
 # NetworkPolicy is enforced, by the same agent as on the node tier (localenv/node/addons.py):
 # since kind v0.24.0 its default CNI, kindnetd, embeds sigs.k8s.io/kube-network-policies
