@@ -36,6 +36,7 @@ from localenv.node import objectstore as node_objectstore
 from tests.helpers import nodetier
 from tests.helpers.docs import sh_blocks
 from tests.helpers.manifests import differences
+from tests.helpers.podsecurity import RESTRICTED_LABELS
 from tests.helpers.nodepipes import (
     delete_spark_pipeline,
     delete_topics,
@@ -214,11 +215,18 @@ def _spark_app(ns: str, name: str) -> dict:
     return kubectl_json("-n", ns, "get", "sparkapplication", name).get("status") or {}
 
 
+def _restricted_namespace(ns: str) -> None:
+    """A namespace enforcing the restricted Pod Security Standard, as docs/install.md has the
+    watched ones: the real Spark driver and executor pods (and the dedup pods) are admitted there."""
+    kubectl("create", "namespace", ns)
+    kubectl("label", "namespace", ns, *(f"{k}={v}" for k, v in RESTRICTED_LABELS.items()))
+
+
 def _start_spark_example(ns: str, name: str, example: str, patch: dict | None = None,
                          first: tuple[dict, ...] = ()) -> None:
     """examples/<example> applied as written (with `patch` merged in) in a new namespace, after
     the objects `first`, until Ready with its Spark driver RUNNING and an executor pod Running."""
-    kubectl("create", "namespace", ns)
+    _restricted_namespace(ns)
     for obj in first:
         kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(obj))
     doc = yaml.safe_load((REPO_ROOT / "examples" / example).read_text())
@@ -539,7 +547,7 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
 
     origin, restored_ns = ns, "sparklife-restored"
     secret = s3_secret("payments-s3", name, object_store)
-    kubectl("create", "namespace", ns)
+    _restricted_namespace(ns)
     kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(secret))
     load = None
     try:
@@ -680,7 +688,7 @@ def test_spark_stage_lifecycle_and_upgrade_modes_through_the_real_operator(node_
         # Restored with its checkpoint in the object store (the Spark image's hadoop-aws), its
         # credentials from the same Secret: a new location, so it starts where the sink ends.
         proc.update(s3a_checkpoint(f"{name}/checkpoint", secret["metadata"]["name"]))
-        kubectl("create", "namespace", ns)
+        _restricted_namespace(ns)
         kubectl("-n", ns, "apply", "-f", "-", input=json.dumps(secret))
         t = time.monotonic()
         apply()

@@ -7,7 +7,8 @@
 - `spark_pod(app, role)`: the pod Spark on Kubernetes creates for a SparkApplication's driver or
   executor from its pod template (`<role>.template`, which carries the security contexts:
   control/builders/spark.py). The process tiers start no pods, so this is the closest they get;
-  the node tier checks the real pods (tests/e2e/test_node_tier.py).
+  the node tier runs the real ones in namespaces enforcing the restricted level
+  (tests/e2e/test_node_tier.py: the Spark lifecycle and file sink tests, the install doc's path).
 - `pod_from_template(template, name)`: a Pod of a workload's pod template.
 - `dry_run_create(kube_api, ns, pod)`: None if the API server admits the pod, else its refusal.
 - `POD_TEMPLATE`: a `dedup.podTemplate` that uses every field.
