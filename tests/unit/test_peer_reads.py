@@ -105,9 +105,10 @@ def head_trickle(c):
 
 
 # -- the operator reading /status ---------------------------------------------------------------
-def test_a_good_status_is_read(peer):
+@pytest.mark.parametrize("version", [b"HTTP/1.0", b"HTTP/1.1"])  # 1.1: the peer may keep the connection
+def test_a_good_status_is_read(peer, version):
     url, answer = peer
-    answer[0] = raw(ok(STATUS, Content_Length=len(STATUS)), STATUS)
+    answer[0] = raw(ok(STATUS, Content_Length=len(STATUS)).replace(b"HTTP/1.0", version), STATUS)
     st = read_status(url + "/status", timeout=WAIT)
     assert isinstance(st, PodStatus) and st.pod == "pod-a" and st.generation == 3
 
@@ -174,9 +175,10 @@ DATA = b"x" * 50_000
 SHA = hashlib.sha256(DATA).hexdigest()
 
 
-def test_a_good_transfer(peer, tmp_path):
+@pytest.mark.parametrize("version", [b"HTTP/1.0", b"HTTP/1.1"])
+def test_a_good_transfer(peer, tmp_path, version):
     url, answer = peer
-    answer[0] = raw(ok(DATA, Content_Length=len(DATA), **{H_SHA: SHA, H_KEYS: 7}), DATA)
+    answer[0] = raw(ok(DATA, Content_Length=len(DATA), **{H_SHA: SHA, H_KEYS: 7}).replace(b"HTTP/1.0", version), DATA)
     facts = transfer.download(url + "/x", tmp_path / "f")
     assert facts["bytes"] == len(DATA) and facts[H_KEYS] == 7 and facts[H_STOPPED] is None
     assert (tmp_path / "f").read_bytes() == DATA

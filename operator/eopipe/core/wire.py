@@ -298,9 +298,17 @@ def open_get(url: str, per_read: float, deadline: float, headers: dict | None = 
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
         conn.request("GET", target, headers={**(headers or {}), "Connection": "close"})
-        return conn.getresponse()  # the response keeps the socket open until it is closed
-    finally:
+        r = conn.getresponse()
+    except BaseException:
         conn.close()
+        raise
+    # One request per connection: the response owns it (as http.client hands it over when the
+    # peer says it will close), and its file keeps the socket open until it is closed.
+    r.will_close = True
+    if (sock := conn.sock) is not None:
+        conn.sock = None
+        sock.close()
+    return r
 
 
 def get_capped(url: str, timeout: float, limit: int, within: float) -> bytes:
