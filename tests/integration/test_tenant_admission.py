@@ -115,7 +115,8 @@ def test_an_admin_can_allow_more(crds, kube_api, k8s_namespace, tools, helm_env)
         good = changed(example("payments.yaml"), **{"spec.processing.serviceAccount": "spark-s3",
                                                     "spec.processing.affinity": pool,
                                                     "spec.dedup.podTemplate": {"priorityClassName": "data",
-                                                                               "affinity": pool},
+                                                                               "affinity": pool, "annotations": {
+                                                                                   "sidecar.istio.io/inject": "false"}},
                                                     "spec.dedup.backup": {"uri": "s3://state",
                                                                           "endpoint": "http://s3.storage.svc:8333"}})
         far = changed(good, **{"metadata.name": "far", "spec.kafka.bootstrapServers": "kafka.evil.example:9092"})

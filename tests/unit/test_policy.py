@@ -122,6 +122,10 @@ def refused(s: PipelineSpec, p: dict | None = None, registries=()) -> list[str]:
     (spec(dedup={"podTemplate": {"annotations": {"vault.hashicorp.com/agent-inject": "true",
                                                  "k8s.v1.cni.cncf.io/networks": "host-net"}}}), None,
      ["[vault.hashicorp.com/agent-inject]", "[k8s.v1.cni.cncf.io/networks]"]),
+    (spec(dedup={"podTemplate": {"annotations": {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}}}),
+     None, []),  # in or out of the mesh, as the admin configured it
+    (spec(dedup={"podTemplate": {"annotations": {"sidecar.istio.io/inject": "false"}}}),
+     {"pods": {"deniedAnnotationKeys": ["sidecar.istio.io/*"]}}, ["annotations[sidecar.istio.io/inject]"]),
     (spec(dedup={"podTemplate": {"annotations": {"team": "a", "example.com/owner": "b"}}}),
      {"pods": {"annotationKeys": ["example.com/*"]}}, ["annotations[team]"]),
     (spec(dedup={"podTemplate": {"annotations": {"team": "a"}}}), {"pods": {"deniedAnnotationKeys": ["team"]}},

@@ -73,6 +73,8 @@ DENIED_ANNOTATION_KEYS = (
     "k8s.v1.cni.cncf.io/*", "v1.multus-cni.io/*", "container.apparmor.security.beta.kubernetes.io/*",
     "seccomp.security.alpha.kubernetes.io/*", "io.kubernetes.cri-o.*",
 )
+# Whether the mesh injects its proxy as the admin configured it: no image or volume of the tenant's.
+ALLOWED_ANNOTATION_KEYS = ("sidecar.istio.io/inject", "linkerd.io/inject")
 # Taints only the cluster's own nodes carry; the empty key tolerates every taint.
 DENIED_TOLERATION_KEYS = ("", "node-role.kubernetes.io/*")
 MAX_STORAGE = "500Gi"
@@ -254,8 +256,8 @@ def _scheduling(field: str, node_selector, tolerations, priority_class, policy: 
 def _annotations(field: str, annotations, policy: TenantPolicy) -> list[str]:
     pods = policy.pods
     return [f"{field}[{k}]: not allowed by the tenant policy (tenantPolicy.pods.annotationKeys)"
-            for k in annotations if not matches(k, pods.annotation_keys)
-            or matches(k, (*DENIED_ANNOTATION_KEYS, *pods.denied_annotation_keys))]
+            for k in annotations if not matches(k, pods.annotation_keys) or matches(k, pods.denied_annotation_keys)
+            or (matches(k, DENIED_ANNOTATION_KEYS) and not matches(k, ALLOWED_ANNOTATION_KEYS))]
 
 
 def _envs(field: str, env, env_from, policy: TenantPolicy) -> list[str]:
@@ -378,7 +380,8 @@ def builtin() -> dict:
     (charts/eopipe/files/tenant-policy-builtin.json, kept equal by tests/unit/test_policy.py)."""
     return {"deniedSparkConf": list(DENIED_SPARK_CONF), "allowedSparkConf": list(ALLOWED_SPARK_CONF),
             "deniedHadoopConf": list(DENIED_HADOOP_CONF), "deniedEnv": list(DENIED_ENV),
-            "deniedTolerationKeys": list(DENIED_TOLERATION_KEYS), "deniedAnnotationKeys": list(DENIED_ANNOTATION_KEYS)}
+            "deniedTolerationKeys": list(DENIED_TOLERATION_KEYS), "deniedAnnotationKeys": list(DENIED_ANNOTATION_KEYS),
+            "allowedAnnotationKeys": list(ALLOWED_ANNOTATION_KEYS)}
 
 
 if __name__ == "__main__":
