@@ -41,6 +41,8 @@ REFUSED = [
      "spec.processing.hadoopConf[fs.s3a.aws.credentials.provider]"),
     ({"spec.dedup.podTemplate": {"annotations": {"sidecar.istio.io/proxyImage": "evil"}}},
      "spec.dedup.podTemplate.annotations[sidecar.istio.io/proxyImage]"),
+    ({"spec.dedup.podTemplate": {"labels": {"controller-revision-hash": "x"}}},
+     "spec.dedup.podTemplate.labels[controller-revision-hash]"),
 ]
 HOSTNAME_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
     {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["cp"]}]}]}}}
@@ -108,7 +110,7 @@ def test_an_admin_can_allow_more(crds, kube_api, k8s_namespace, tools, helm_env)
                    "--set", "tenantPolicy.scheduling.priorityClasses={data}",
                    "--set", "tenantPolicy.kafka.bootstrapServers={*.kafka.svc:9092}",
                    "--set", "tenantPolicy.objectStore.endpoints={http://*.storage.svc:8333}",
-                   "--set", "tenantPolicy.scheduling.nodeSelectorKeys={pool}")
+                   "--set", "tenantPolicy.scheduling.nodeSelectorKeys={pool}", "--set", "tenantPolicy.pods.labelKeys={team}")
     try:
         pool = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {
             "matchExpressions": [{"key": "pool", "operator": "In", "values": ["a"]}]}}]}}
@@ -116,7 +118,8 @@ def test_an_admin_can_allow_more(crds, kube_api, k8s_namespace, tools, helm_env)
                                                     "spec.processing.affinity": pool,
                                                     "spec.dedup.podTemplate": {"priorityClassName": "data",
                                                                                "affinity": pool, "annotations": {
-                                                                                   "sidecar.istio.io/inject": "false"}},
+                                                                                   "sidecar.istio.io/inject": "false"},
+                                                                               "labels": {"team": "a"}},
                                                     "spec.dedup.backup": {"uri": "s3://state",
                                                                           "endpoint": "http://s3.storage.svc:8333"}})
         far = changed(good, **{"metadata.name": "far", "spec.kafka.bootstrapServers": "kafka.evil.example:9092"})
@@ -135,6 +138,10 @@ def test_an_admin_can_allow_more(crds, kube_api, k8s_namespace, tools, helm_env)
             res = kubectl_apply(crds, k8s_namespace, changed(good, **{"metadata.name": "pin", field: HOSTNAME_AFFINITY}),
                                 check=False)
             assert f"{field}.nodeAffinity: a key is not allowed" in res.stderr, res.stderr
+        # A label outside the admin's labelKeys (one a NetworkPolicy of the namespace may select by).
+        res = kubectl_apply(crds, k8s_namespace, changed(good, **{"metadata.name": "label", "spec.dedup.podTemplate.labels":
+                                                                  {"team": "a", "db-client": "true"}}), check=False)
+        assert "spec.dedup.podTemplate.labels[db-client]: not allowed" in res.stderr, res.stderr
         res = kubectl_apply(crds, k8s_namespace, good, check=False)
         assert res.returncode == 0, res.stderr
     finally:

@@ -130,6 +130,20 @@ def refused(s: PipelineSpec, p: dict | None = None, registries=()) -> list[str]:
      {"pods": {"annotationKeys": ["example.com/*"]}}, ["annotations[team]"]),
     (spec(dedup={"podTemplate": {"annotations": {"team": "a"}}}), {"pods": {"deniedAnnotationKeys": ["team"]}},
      ["annotations[team]"]),
+    # Labels other controllers act on: a StatefulSet's revision or pod, a mesh revision or waypoint.
+    (spec(dedup={"podTemplate": {"labels": {"controller-revision-hash": "x", "team": "a"}}}), None,
+     ["spec.dedup.podTemplate.labels[controller-revision-hash]: not allowed by the tenant policy "
+      "(tenantPolicy.pods.labelKeys)"]),
+    (spec(dedup={"podTemplate": {"labels": {"statefulset.kubernetes.io/pod-name": "p-0", "istio.io/use-waypoint": "w",
+                                            "kubernetes.io/x": "y"}}}), None,
+     ["labels[statefulset.kubernetes.io/pod-name]", "labels[istio.io/use-waypoint]", "labels[kubernetes.io/x]"]),
+    (spec(dedup={"podTemplate": {"labels": {"app.kubernetes.io/part-of": "shop", "sidecar.istio.io/inject": "false",
+                                            "team": "a"}}}), None, []),  # the recommended labels, the mesh's opt-out
+    # An admin's NetworkPolicy selects by a label: the admin names the keys pipelines may set.
+    (spec(dedup={"podTemplate": {"labels": {"team": "a", "db-client": "true"}}}), {"pods": {"labelKeys": ["team"]}},
+     ["labels[db-client]"]),
+    (spec(dedup={"podTemplate": {"labels": {"app.kubernetes.io/version": "2"}}}),
+     {"pods": {"deniedLabelKeys": ["app.kubernetes.io/*"]}}, ["labels[app.kubernetes.io/version]"]),
     # Sizes and addresses.
     (spec(dedup={"storage": {"size": "10Ti"}}), None, ["spec.dedup.storage.size: 10Ti is above"]),
     (spec(processing={"checkpoint": {"pvc": {"size": "2Gi"}}}), {"maxStorage": "1Gi"},

@@ -45,7 +45,7 @@ ALLOWED_SPARK_CONF = (
     "spark.kubernetes.executor.limit.cores", "spark.kubernetes.driver.limit.cores",
     "spark.kubernetes.memoryOverheadFactor", "spark.kubernetes.allocation.batch.size",
     "spark.kubernetes.allocation.batch.delay", "spark.kubernetes.executor.deleteOnTermination",
-)  # not labels (another pipeline's NetworkPolicy selects by them) nor annotations (AppArmor, sidecars)
+)  # not labels (a NetworkPolicy selects by them) nor annotations (AppArmor, sidecars)
 # Hadoop settings that load classes or pick credentials the tenant did not bring.
 DENIED_HADOOP_CONF = ("*.impl", "*credentials.provider*", "hadoop.security.*", "*.assumed.role.*")
 # Names an interpreter, a loader or a client acts on before any code of ours runs.
@@ -75,6 +75,14 @@ DENIED_ANNOTATION_KEYS = (
 )
 # Whether the mesh injects its proxy as the admin configured it: no image or volume of the tenant's.
 ALLOWED_ANNOTATION_KEYS = ("sidecar.istio.io/inject", "linkerd.io/inject")
+# Pod labels that other controllers act on: which workload revision a pod is or which pod of a
+# StatefulSet (Kubernetes' own, under its reserved prefixes), which mesh revision or waypoint
+# handles its traffic (Istio).
+DENIED_LABEL_KEYS = (
+    "controller-revision-hash", "pod-template-hash", "kubernetes.io/*", "k8s.io/*", "*.kubernetes.io/*", "*.k8s.io/*",
+    "istio.io/*", "*.istio.io/*", "linkerd.io/*", "*.linkerd.io/*",
+)
+ALLOWED_LABEL_KEYS = ("app.kubernetes.io/*", "sidecar.istio.io/inject")
 # Taints only the cluster's own nodes carry; the empty key tolerates every taint.
 DENIED_TOLERATION_KEYS = ("", "node-role.kubernetes.io/*")
 MAX_STORAGE = "500Gi"
@@ -121,6 +129,8 @@ class SchedulingPolicy(_Section):
 class PodPolicy(_Section):
     annotation_keys: tuple[str, ...] = Field(("*",), description="dedup pod annotation keys a pipeline may set")
     denied_annotation_keys: tuple[str, ...] = ()
+    label_keys: tuple[str, ...] = Field(("*",), description="dedup pod label keys a pipeline may set")
+    denied_label_keys: tuple[str, ...] = ()
 
 
 class TenantPolicy(_Section):
@@ -253,11 +263,18 @@ def _scheduling(field: str, node_selector, tolerations, priority_class, policy: 
     return out
 
 
-def _annotations(field: str, annotations, policy: TenantPolicy) -> list[str]:
-    pods = policy.pods
-    return [f"{field}[{k}]: not allowed by the tenant policy (tenantPolicy.pods.annotationKeys)"
-            for k in annotations if not matches(k, pods.annotation_keys) or matches(k, pods.denied_annotation_keys)
-            or (matches(k, DENIED_ANNOTATION_KEYS) and not matches(k, ALLOWED_ANNOTATION_KEYS))]
+_POD_KEYS = {"annotation": (DENIED_ANNOTATION_KEYS, ALLOWED_ANNOTATION_KEYS),
+             "label": (DENIED_LABEL_KEYS, ALLOWED_LABEL_KEYS)}
+
+
+def _pod_keys(kind: str, keys, policy: TenantPolicy) -> list[str]:
+    """The dedup pods' annotation or label keys (`kind`) that the admin's lists or the built-in
+    ones refuse; a built-in exception gives way to the admin's denial."""
+    allow, deny = getattr(policy.pods, f"{kind}_keys"), getattr(policy.pods, f"denied_{kind}_keys")
+    denied, excepted = _POD_KEYS[kind]
+    return [f"dedup.podTemplate.{kind}s[{k}]: not allowed by the tenant policy (tenantPolicy.pods.{kind}Keys)"
+            for k in keys if not matches(k, allow) or matches(k, deny)
+            or (matches(k, denied) and not matches(k, excepted))]
 
 
 def _envs(field: str, env, env_from, policy: TenantPolicy) -> list[str]:
@@ -309,7 +326,7 @@ def refusals(spec, policy: TenantPolicy, allowed_registries: tuple[str, ...] = (
     out += _storage("dedup.storage.size", dedup.storage.size, policy)
     tpl = dedup.pod_template
     out += _envs("dedup.podTemplate", tpl.env, (), policy)
-    out += _annotations("dedup.podTemplate.annotations", tpl.annotations, policy)
+    out += _pod_keys("annotation", tpl.annotations, policy) + _pod_keys("label", tpl.labels, policy)
     out += _scheduling("dedup.podTemplate", tpl.node_selector, tpl.tolerations, tpl.priority_class_name, policy,
                        tpl.affinity)
     proc = spec.processing
@@ -381,7 +398,8 @@ def builtin() -> dict:
     return {"deniedSparkConf": list(DENIED_SPARK_CONF), "allowedSparkConf": list(ALLOWED_SPARK_CONF),
             "deniedHadoopConf": list(DENIED_HADOOP_CONF), "deniedEnv": list(DENIED_ENV),
             "deniedTolerationKeys": list(DENIED_TOLERATION_KEYS), "deniedAnnotationKeys": list(DENIED_ANNOTATION_KEYS),
-            "allowedAnnotationKeys": list(ALLOWED_ANNOTATION_KEYS)}
+            "allowedAnnotationKeys": list(ALLOWED_ANNOTATION_KEYS), "deniedLabelKeys": list(DENIED_LABEL_KEYS),
+            "allowedLabelKeys": list(ALLOWED_LABEL_KEYS)}
 
 
 if __name__ == "__main__":
