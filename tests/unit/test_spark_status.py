@@ -6,7 +6,7 @@ import pytest
 from kubernetes import client
 
 from eopipe.control.sparkstatus import (CONFIG_EXIT, DRIVER_START_GRACE_S, INCOMPATIBLE, DriverExit, driver_exits,
-                                       judge, kept_stall, query_starting, stall_key, stall_record)
+                                       driver_waiting, judge, kept_stall, query_starting, stall_key, stall_record)
 from eopipe.control.status import summarize
 from eopipe.core.names import LABEL_SPARK_SPEC
 
@@ -190,3 +190,45 @@ def test_running_is_ready_once_this_specs_query_runs(case, label, running, age, 
         assert c is None
     else:
         assert (c.type, c.status, c.reason) == ("ProcessingReady", False, "SparkStarting") and says in c.message
+
+
+UNBOUND = ("0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims. preemption: 0/3 nodes are "
+           "available: 3 Preemption is not helpful for scheduling.")
+
+
+def _pending(spec=SPEC, scheduled=None, waiting=None, phase="Pending"):
+    conditions = [client.V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable",
+                                        message=scheduled)] if scheduled else None
+    statuses = [client.V1ContainerStatus(name="spark-kubernetes-driver", image="i", image_id="", ready=False,
+                                         restart_count=0, state=client.V1ContainerState(
+                                             waiting=client.V1ContainerStateWaiting(reason=waiting[0],
+                                                                                    message=waiting[1])))
+                ] if waiting else None
+    return client.V1Pod(metadata=client.V1ObjectMeta(labels={LABEL_SPARK_SPEC: spec}),
+                        status=client.V1PodStatus(phase=phase, conditions=conditions, container_statuses=statuses))
+
+
+@pytest.mark.parametrize("pods, says", [
+    ([_pending(scheduled=UNBOUND)], "is not scheduled: 0/3 nodes are available: pod has unbound immediate"),
+    ([_pending(waiting=("ImagePullBackOff", 'Back-off pulling image "r/eopipe-spark:9"'))],
+     'waits: ImagePullBackOff: Back-off pulling image "r/eopipe-spark:9"'),
+    ([_pending(waiting=("CreateContainerConfigError", 'secret "s3" not found'))],
+     'waits: CreateContainerConfigError: secret "s3" not found'),
+    ([_pending(waiting=("ContainerCreating", None))], None),           # on its way: nothing to tell
+    ([_pending(OLD, scheduled=UNBOUND)], None),                        # another spec's pod
+    ([_pending(scheduled=UNBOUND, phase="Running")], None),
+    ([_pending(waiting=("ContainerCreating", None)), _pending(scheduled=UNBOUND)], "is not scheduled"),
+    ([client.V1Pod(status=None)], None),
+])
+def test_why_a_driver_pod_waits(pods, says):
+    got = driver_waiting(pods, SPEC)
+    assert (got is None) if says is None else (got is not None and got.startswith(says)), got
+
+
+def test_a_waiting_driver_is_said_while_submitted_only():
+    submitted = {"status": {"applicationState": {"state": "SUBMITTED"}}}
+    v = judge(submitted, (), None, SPEC, "is not scheduled: 0/3 nodes are available")
+    assert (v.condition.reason, v.condition.message) == (
+        "SparkStarting", "Spark application SUBMITTED; the driver pod is not scheduled: 0/3 nodes are available")
+    running = {"status": {"applicationState": {"state": "RUNNING"}}}
+    assert judge(running, (), None, SPEC, "waits: x").condition.message == "Spark application running"

@@ -65,6 +65,11 @@ STARTING = "SparkStarting"
 DRIVER_START_GRACE_S = 300
 
 
+_SUBMITTED = ("SUBMITTED", "NEW", "PENDING_SUBMISSION", "INVALIDATING", "UNKNOWN")
+# A container's waiting reasons on its way to running: nothing to tell.
+_STARTING_REASONS = ("ContainerCreating", "PodInitializing")
+
+
 @dataclass(frozen=True)
 class DriverExit:
     """A terminated driver container (from a driver pod's status)."""
@@ -107,11 +112,15 @@ def kept_stall(recorded, key: str) -> Condition | None:
 
 
 def judge(app: dict | None, drivers: Iterable[DriverExit] = (), kept: Condition | None = None,
-          spec: str | None = None) -> Verdict:
+          spec: str | None = None, waiting: str | None = None) -> Verdict:
     """kept: this application's recorded stall (`kept_stall`); it holds whatever the application
-    does. spec: the digest this spec's pods carry; the exits of other pods are left out."""
+    does. spec: the digest this spec's pods carry; the exits of other pods are left out.
+    waiting: why this spec's driver pod waits (`driver_waiting`), said while it is submitted."""
     drivers = [d for d in drivers if spec is None or d.spec == spec]
     verdict = _judge(app, drivers)
+    if waiting and verdict.state in _SUBMITTED:
+        verdict = replace(verdict, condition=replace(
+            verdict.condition, message=f"{verdict.condition.message}; the driver pod {waiting}"[:_MAX_MESSAGE]))
     if verdict.stalled is not None:
         own = spec is not None and any(d.exit_code == CONFIG_EXIT for d in drivers)
         return replace(verdict, recorded=own or kept is not None)
@@ -144,7 +153,7 @@ def _judge(app: dict | None, drivers: Iterable[DriverExit]) -> Verdict:
     state, err = app_state.get("state") or "NEW", _flat(app_state.get("errorMessage") or "")
     if state == "RUNNING":
         return Verdict(state, Condition("ProcessingReady", True, "Running", "Spark application running"), None)
-    if state in ("SUBMITTED", "NEW", "PENDING_SUBMISSION", "INVALIDATING", "UNKNOWN"):
+    if state in _SUBMITTED:
         return Verdict(state, Condition("ProcessingReady", False, "SparkStarting", f"Spark application {state}"), None)
     exits = [d for d in drivers if d.exit_code != 0] or list(drivers)
     spark_words = next((_flat(d.message) for d in exits if d.message.strip()), "")
@@ -194,3 +203,23 @@ def driver_exits(pods) -> tuple[DriverExit, ...]:
                     out.append(DriverExit(int(t.exit_code), t.message or "", spec))
                     break
     return tuple(out)
+
+
+def driver_waiting(pods, spec: str) -> str | None:
+    """Why a Pending driver pod of this spec (LABEL_SPARK_SPEC) waits, in the scheduler's or
+    the kubelet's words: not scheduled (a claim that does not bind, no node with room), or its
+    container kept from starting (an image that cannot be pulled, a missing Secret). None: no
+    such pod, or nothing said yet."""
+    for pod in pods:
+        st = pod.status
+        labels = (pod.metadata.labels if pod.metadata else None) or {}
+        if st is None or st.phase != "Pending" or labels.get(LABEL_SPARK_SPEC, "") != spec:
+            continue
+        for c in st.conditions or ():
+            if c.type == "PodScheduled" and c.status == "False" and c.message:
+                return f"is not scheduled: {_flat(c.message)}"
+        for cs in st.container_statuses or ():
+            w = cs.state.waiting if cs.name == DRIVER_CONTAINER and cs.state else None
+            if w is not None and w.reason and w.reason not in _STARTING_REASONS:
+                return f"waits: {w.reason}" + (f": {_flat(w.message)}" if w.message else "")
+    return None

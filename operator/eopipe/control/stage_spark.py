@@ -70,7 +70,8 @@ def run(p: Pass) -> Condition:
     digest = application["spec"]["driver"]["labels"][LABEL_SPARK_SPEC]
     key = sparkstatus.stall_key(((app or {}).get("metadata") or {}).get("uid") or "", digest)
     kept = sparkstatus.kept_stall((owner.get("status") or {}).get("sparkStall"), key)
-    verdict = sparkstatus.judge(app, sparkstatus.driver_exits(drivers), kept, digest)
+    verdict = sparkstatus.judge(app, sparkstatus.driver_exits(drivers), kept, digest,
+                                sparkstatus.driver_waiting(drivers, digest))
     out.fields["sparkApplicationState"] = verdict.state
     out.fields["sparkStall"] = sparkstatus.stall_record(verdict.stalled if verdict.recorded else None, key)
     if verdict.stalled is not None:
