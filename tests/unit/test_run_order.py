@@ -1,10 +1,10 @@
 """The run's order (tests/conftest.py): the unit tier overlaps the node tier's start, whose tests
-come next, then the rest; `make test` runs the node tier's tests beside the rest (tests/helpers/run.py)."""
+come next, then the rest; `make test` runs the node tier's tests beside the rest (tests/run.py)."""
 
 import pytest
 
 from tests.conftest import run_group
-from tests.helpers.run import Outcome, counts, runs, verdict
+from tests.run import Outcome, counts, runs, verdict
 
 
 @pytest.mark.parametrize("nodeid, fixtures, group", [

@@ -7,7 +7,7 @@ pytest session: the node run streams its output, the other's is printed when bot
 then one line with the totals. Either run failing, or running no test, fails `make test`.
 Without root or EOPIPE_NODE_TESTS=1 it is the one run it always was.
 
-    python -m tests.helpers.run [pytest args for both runs]
+    python -m tests.run [pytest args for both runs]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 COMMON = ["--ignore=tests/soak", "--tb=short"]
 
 
