@@ -55,7 +55,7 @@ node-prep: venv kafka k8s spark-jars ## the node tier's packages, kubelet, image
 # Short tracebacks: a failure's own lines come first in a CI log that is read in excerpts.
 test: ## the whole test suite: unit, integration (real Kafka, control plane, Spark), e2e, node tier and fault tests
 	@$(MAKE) --no-print-directory -j2 deps $(if $(filter 0,$(shell id -u)),node-prep)
-	EOPIPE_NODE_TESTS=1 $(PY) -m tests.run
+	EOPIPE_NODE_TESTS=1 $(PY) -m pytest -m "not bench" --ignore=tests/soak --tb=short
 
 test-unit: $(VENV)/.installed-unit ## the unit tier alone: no services, no Kafka, Java or Go (about two minutes)
 	$(PY) -m pytest tests/unit

@@ -35,7 +35,6 @@ _PARTS = {
     "kafka": {"kafka", "kafka_bootstrap", "kafka3", "kafka3_cluster", "pipe"},
     "k8s": {"control_plane", "kube_api", "k8s_namespace", "crds", "operator", "node_agent"},
     "spark": {"spark_jars", "spark_driver"},
-    "node": {"node_tier"},  # tests/run.py splits `make test` by it
 }
 
 
@@ -58,8 +57,7 @@ def pytest_collection_modifyitems(config, items):
 def run_group(nodeid: str, fixtures) -> int:
     """The unit tier first (one core of pure Python) while the node tier starts on the other
     (tests/e2e/conftest.py), then the node tier's tests, then the rest: the tier is up only as
-    long as its tests need it. `make test` runs the node tier's tests beside the rest
-    (tests/run.py), and this order within each run."""
+    long as its tests need it."""
     return 0 if nodeid.startswith("tests/unit/") else 1 if "node_tier" in fixtures else 2
 
 
