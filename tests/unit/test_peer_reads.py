@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from eopipe.core.assignment import Assignment, Handoff, Reshard
-from eopipe.core.wire import H_KEYS, H_SHA, H_STOPPED, MigrationMethod, PodStatus, ReshardRequest, read_status
+from eopipe.core.wire import H_KEYS, H_SHA, H_STOPPED, Migration, MigrationMethod, PodStatus, ReshardRequest, read_status
 from eopipe.dedup import incoming, migrate, transfer
 from eopipe.dedup.http import HttpServer
 from eopipe.dedup.metrics import Metrics
@@ -267,24 +267,32 @@ REC = struct.Struct(">qI")
 GOOD = b"".join(REC.pack(100 + i, len(k)) + k for i, k in enumerate([b"alpha", b"", b"gamma-key"]))
 
 
-def test_a_good_export_parses():
-    assert migrate.parse_export(GOOD) == [(b"alpha", 100), (b"", 101), (b"gamma-key", 102)]
-    assert migrate.parse_export(GOOD, 3) == migrate.parse_export(GOOD)
-    assert migrate.parse_export(b"", 0) == []
+def parsed(tmp_path, data: bytes, keys=None, batch=migrate.IMPORT_BATCH) -> list:
+    f = tmp_path / "export.bin"
+    f.write_bytes(data)
+    return list(migrate.read_export(f, keys, batch))
+
+
+def test_a_good_export_parses(tmp_path):
+    assert parsed(tmp_path, GOOD) == [[(b"alpha", 100), (b"", 101), (b"gamma-key", 102)]]
+    assert parsed(tmp_path, GOOD, 3) == parsed(tmp_path, GOOD)
+    assert parsed(tmp_path, GOOD, 3, batch=2) == [[(b"alpha", 100), (b"", 101)], [(b"gamma-key", 102)]]
+    assert migrate.check_export(tmp_path / "export.bin", 3) == (3, (b"gamma-key", 102))
+    assert parsed(tmp_path, b"", 0) == []
 
 
 @pytest.mark.parametrize("data, keys, match", [
     *[(GOOD[:n], None, "cut short|left") for n in (1, 11, 12, 13, 16, 17 + 11, len(GOOD) - 1)],
     (REC.pack(1, 6) + b"abc", None, "left"),                       # a length past the end
-    (REC.pack(1, 2 ** 32 - 1) + b"abc", None, "left"),
+    (REC.pack(1, 2 ** 32 - 1) + b"abc", None, "left"),             # refused before a 4 GiB read
     (GOOD + b"\x00\x01", None, "cut short"),                       # trailing garbage
     (GOOD, 2, "more than the 2"),                                  # more keys than announced
     (GOOD, 4, "3 keys, 4 announced"),                              # fewer
     (GOOD, 0, "more than the 0"),
 ])
-def test_a_malformed_export_is_a_final_transfer_error(data, keys, match):
+def test_a_malformed_export_is_a_final_transfer_error(tmp_path, data, keys, match):
     with pytest.raises(transfer.TransferError, match=match) as e:
-        migrate.parse_export(data, keys)
+        parsed(tmp_path, data, keys, batch=1)
     assert e.value.final
 
 
@@ -293,14 +301,15 @@ def test_an_own_export_is_checked_against_its_manifest(tmp_path):
     keys = [b"key-%d" % i for i in range(200)]
     man = migrate.write_exports(tmp_path, 9, 1, ((100, k) for k in keys), murmur2_partition, 4)
     q = int(next(iter(man["targets"])))
-    assert len(migrate.read_own_export(tmp_path, 9, 1, q, man)) == man["targets"][str(q)]["keys"]
-    f = migrate.export_dir(tmp_path, 9, 1) / f"to-{q}.bin"
+    f = migrate.own_export(tmp_path, 9, 1, q, man)
+    assert migrate.check_export(f, man["targets"][str(q)]["keys"])[0] == man["targets"][str(q)]["keys"]
+    assert migrate.own_export(tmp_path, 9, 1, 1, man) is None  # no file for a target that gets nothing
     f.write_bytes(f.read_bytes()[:-1] + b"!")   # same size, another sha
     with pytest.raises(transfer.TransferError, match="does not match"):
-        migrate.read_own_export(tmp_path, 9, 1, q, man)
+        migrate.own_export(tmp_path, 9, 1, q, man)
     f.unlink()
     with pytest.raises(transfer.TransferError, match="own export"):
-        migrate.read_own_export(tmp_path, 9, 1, q, man)
+        migrate.own_export(tmp_path, 9, 1, q, man)
 
 
 # -- every malformed transfer ends in a rebuild -------------------------------------------------
@@ -356,7 +365,8 @@ def _reshard_importing(tmp_path, body: bytes, keys):
 def test_a_malformed_reshard_import_rebuilds(tmp_path, body, keys):
     # pod-a answers with a checksum-correct but malformed export.
     imp = _reshard_importing(tmp_path, body, keys)
-    assert imp.rebuild and imp.entries == [] and (imp.reshard, imp.to) == (1, 4)
+    assert imp.rebuild and imp.files == () and (imp.reshard, imp.to) == (1, 4)
+    assert not list((states(tmp_path).root / "reshard" / "1").glob("incoming-*"))  # the download removed
     assert imp.migration.method is MigrationMethod.REBUILD and imp.migration.reason
 
 
@@ -364,7 +374,44 @@ def test_a_good_reshard_import_is_applied(tmp_path):
     imp = _reshard_importing(tmp_path, GOOD, 3)
     assert not imp.rebuild and (imp.reshard, imp.to) == (1, 4)
     assert imp.migration.method is MigrationMethod.RESHARD_IMPORT and imp.migration.keys == 3
-    assert imp.entries == migrate.parse_export(GOOD)
+    # The newest record first (it sets the watermark the whole import gives), then every record.
+    assert [e for b in imp.batches() for e in b] == [(b"gamma-key", 102), (b"alpha", 100), (b"", 101), (b"gamma-key", 102)]
+    (downloaded,) = imp.files
+    assert downloaded.downloaded and downloaded.path.exists()
+    imp.discard()
+    assert not downloaded.path.exists()
+
+
+def test_an_import_applied_in_batches_keeps_what_one_apply_keeps(tmp_path, monkeypatch):
+    """An export's keys reach the store a batch at a time (its memory stays bounded). Keys two
+    windows older than the newest go into the oldest live segment when applied at once; so they
+    do in batches, because the newest record comes first and sets the watermark."""
+    now = int(time.time() * 1000)
+    newest = now // 900_000 * 900_000
+    entries = [(b"old-%d" % i, newest - 7_200_000) for i in range(6)] + [(b"new-%d" % i, newest) for i in range(6)]
+    f = tmp_path / "export.bin"
+    f.write_bytes(b"".join(REC.pack(t, len(k)) + k for k, t in entries))
+    monkeypatch.setattr(migrate, "IMPORT_BATCH", 4)
+    keys = [k for k, _ in entries]
+
+    def kept(imp: incoming.Import | None, name: str) -> set:
+        st = StateStore(tmp_path / name, window_ms=3_600_000, segment_ms=900_000, memory_bytes=16 << 20)
+        ps = st.open(0)
+        for batch in imp.batches() if imp else [entries]:
+            ps.apply(batch, None, now_ms=now)
+        try:
+            return ps.contains(keys)
+        finally:
+            st.close_partition(0)
+
+    at_once = kept(None, "once")
+    assert at_once == set(keys)
+    ordered = incoming.Import(1, 4, (incoming.ExportFile(f, 12),), Migration(), newest=(b"new-0", newest))
+    assert kept(ordered, "batches") == at_once
+    # What the order prevents: the first batch's old keys in a segment of their own, live then,
+    # dropped by the next batch's watermark (whose old keys go into the oldest live segment).
+    unordered = incoming.Import(1, 4, (incoming.ExportFile(f, 12),), Migration())
+    assert kept(unordered, "unordered") == set(keys) - {b"old-%d" % i for i in range(4)}
 
 
 @pytest.mark.parametrize("answer", [

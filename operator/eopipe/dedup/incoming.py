@@ -16,7 +16,8 @@ import threading
 import time
 from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
 from eopipe.core import partitioner as partitioners
 from eopipe.core.assignment import Assignment
@@ -86,15 +87,40 @@ def take_over(cfg: WorkerConfig, states: StateStore, a: Assignment, p: int, halt
 
 # -- re-shard -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class ExportFile:
+    """A checked export on this pod's disk: its own, or a peer's downloaded (`downloaded`: this
+    pod's copy, removed once applied)."""
+
+    path: Path
+    keys: int
+    downloaded: bool = False
+
+
+@dataclass(frozen=True)
 class Import:
-    """What a re-shard gives p: the keys to apply, after which p's store is complete for `to`
-    partitions; or, with `rebuild`, none: rebuild p from the source instead."""
+    """What a re-shard gives p: the keys of `files` to apply, after which p's store is complete
+    for `to` partitions; or, with `rebuild`, none: rebuild p from the source instead."""
 
     reshard: int
     to: int
-    entries: list[tuple[bytes, int]]
+    files: tuple[ExportFile, ...]
     migration: Migration
     rebuild: bool = False
+    newest: tuple[bytes, int] | None = None  # the record with the latest segment start
+
+    def batches(self) -> Iterator[list[tuple[bytes, int]]]:
+        """The keys, a batch at a time (migrate.IMPORT_BATCH). The newest record comes first,
+        so the store's watermark, and with it which segments are live, is the one the whole
+        import gives before any other key lands: applied in batches or at once, the same keys stay."""
+        if self.newest is not None:
+            yield [self.newest]
+        for f in self.files:
+            yield from migrate.read_export(f.path, f.keys, migrate.IMPORT_BATCH)
+
+    def discard(self) -> None:
+        for f in self.files:
+            if f.downloaded:
+                f.path.unlink(missing_ok=True)
 
 
 def reshard(cfg: WorkerConfig, states: StateStore, a: Assignment, p: int, store: PartitionStore, rebuilt: bool,
@@ -117,63 +143,77 @@ def reshard(cfg: WorkerConfig, states: StateStore, a: Assignment, p: int, store:
     if store.reshard_id == rid or p >= to:
         return None
     if rebuilt:
-        return Import(rid, to, [], Migration(method=MigrationMethod.REBUILD, reshard=rid, keys=0, bytes=0))
+        return Import(rid, to, (), Migration(method=MigrationMethod.REBUILD, reshard=rid, keys=0, bytes=0))
     t0 = time.monotonic()
     importing()
     try:
-        entries, nbytes = _gather(cfg, root, a, p, rid, frm, rs.peers, halt)
+        files, nbytes, newest = _gather(cfg, root, a, p, rid, frm, rs.peers, halt)
     except TransferError as e:
         if halt.is_set():
             raise Stopping() from None
         event(log, WARNING, "re-shard import failed: rebuilding from the source topic",
               partition=p, reshard=rid, error=str(e))
-        return Import(rid, to, [], Migration(method=MigrationMethod.REBUILD, reshard=rid, reason=str(e)[:300]),
+        return Import(rid, to, (), Migration(method=MigrationMethod.REBUILD, reshard=rid, reason=str(e)[:300]),
                       rebuild=True)
-    return Import(rid, to, entries, Migration(method=MigrationMethod.RESHARD_IMPORT, reshard=rid, keys=len(entries),
-                                              bytes=nbytes, import_ms=int((time.monotonic() - t0) * 1000)))
+    return Import(rid, to, files, Migration(method=MigrationMethod.RESHARD_IMPORT, reshard=rid,
+                                            keys=sum(f.keys for f in files), bytes=nbytes,
+                                            import_ms=int((time.monotonic() - t0) * 1000)), newest=newest)
 
 
 def _gather(cfg: WorkerConfig, root, a: Assignment, p: int, rid: int, frm: int, peers: dict,
-            halt: threading.Event) -> tuple[list[tuple[bytes, int]], int]:
-    """The keys every other old partition exported to p: read from disk for the partitions this
-    pod owns, fetched from their owners for the rest. Returns them and the bytes read."""
+            halt: threading.Event) -> tuple[tuple[ExportFile, ...], int, tuple[bytes, int] | None]:
+    """The exports every other old partition wrote for p, checked on this pod's disk: its own
+    for the partitions this pod owns, fetched from their owners for the rest. Returns them, the
+    bytes read and the newest record; on a failure, removes what it downloaded."""
     deadline = time.monotonic() + cfg.handoff_timeout_seconds
-    entries: list[tuple[bytes, int]] = []
-    nbytes = 0
-    for src in range(frm):
-        if src == p:
-            continue
-        owner = a.owners.get(src)
-        if owner == cfg.me:
-            man = None
-            while man is None:
-                man = migrate.read_export_manifest(root, rid, src)
-                if man is None:
-                    if time.monotonic() > deadline or halt.is_set():
-                        raise TransferError(f"own export of {src} not written")
-                    time.sleep(0.2)
-            if man.get("missing"):
-                raise TransferError(f"export of {src} unavailable", final=True)
-            got = migrate.read_own_export(root, rid, src, p, man)
-            nbytes += ((man.get("targets") or {}).get(str(p)) or {}).get("bytes", 0)
-        else:
-            url = peers.get(owner)
-            if not url:
-                raise TransferError(f"no address for {owner}, owner of {src}", final=True)
-            tmp = root / "reshard" / f"incoming-{p}-{src}.bin"
+    files: list[ExportFile] = []
+    fetched: list[Path] = []
+    nbytes, newest = 0, None
+    try:
+        for src in range(frm):
+            if src == p:
+                continue
+            owner = a.owners.get(src)
+            if owner == cfg.me:
+                man = None
+                while man is None:
+                    man = migrate.read_export_manifest(root, rid, src)
+                    if man is None:
+                        if time.monotonic() > deadline or halt.is_set():
+                            raise TransferError(f"own export of {src} not written")
+                        time.sleep(0.2)
+                if man.get("missing"):
+                    raise TransferError(f"export of {src} unavailable", final=True)
+                if (path := migrate.own_export(root, rid, src, p, man)) is None:
+                    continue
+                announced = man["targets"][str(p)].get("keys")
+            else:
+                url = peers.get(owner)
+                if not url:
+                    raise TransferError(f"no address for {owner}, owner of {src}", final=True)
+                # Under the re-shard's own directory, which cleanup_reshards removes with it.
+                path = root / "reshard" / str(rid) / f"incoming-{p}-{src}.bin"
+                fetched.append(path)
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    announced = transfer.fetch_with_retries(
+                        url.rstrip("/") + ReshardRequest(rid, src, p).path, path, deadline=deadline,
+                        should_stop=halt.is_set, token=cfg.token).get(H_KEYS)
+                except OSError as e:  # our own disk: a TransferError too, so the partition rebuilds
+                    raise TransferError(f"import from {src}: {e.strerror or e}") from None
             try:
-                tmp.parent.mkdir(parents=True, exist_ok=True)
-                facts = transfer.fetch_with_retries(url.rstrip("/") + ReshardRequest(rid, src, p).path, tmp,
-                                                    deadline=deadline, should_stop=halt.is_set, token=cfg.token)
-                data = tmp.read_bytes()
-            except OSError as e:  # our own disk: a TransferError too, so the partition rebuilds
+                n, top = migrate.check_export(path, announced)
+                nbytes += path.stat().st_size
+            except OSError as e:
                 raise TransferError(f"import from {src}: {e.strerror or e}") from None
-            finally:
-                tmp.unlink(missing_ok=True)
-            nbytes += len(data)
-            got = migrate.parse_export(data, facts.get(H_KEYS))
-        entries.extend(got)
-    return entries, nbytes
+            files.append(ExportFile(path, n, downloaded=path in fetched))
+            if top is not None and (newest is None or top[1] > newest[1]):
+                newest = top
+    except BaseException:
+        for path in fetched:
+            path.unlink(missing_ok=True)
+        raise
+    return tuple(files), nbytes, newest
 
 
 # -- the record ---------------------------------------------------------------------------------

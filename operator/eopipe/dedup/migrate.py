@@ -18,7 +18,8 @@ Re-shard of a partition increase N -> N2 (all owners paused first):
 
 A transfer is data from another pod, so it is read within bounds (the download's: dedup/transfer.py):
 a snapshot is unpacked only if its members are plain files that fit on disk; an export is parsed
-with every length checked against what is left, and its key count against the announced one.
+from its file a batch at a time, with every length checked against what is left, and its key
+count against the announced one.
 Every refusal is a TransferError, which the worker answers with a rebuild (dedup/incoming.py).
 
 Pure file helpers only; the worker decides when to call them.
@@ -191,42 +192,65 @@ def read_export_manifest(state_dir: Path, reshard_id: int, partition: int) -> di
         return None
 
 
-def parse_export(data: bytes, keys: int | None = None) -> list[tuple[bytes, int]]:
-    """(key, segment start) of an export file; TransferError (final) if it is malformed: a
-    record cut short, a length past the end, or (with `keys`, the count its manifest or headers
-    announced) another number of records."""
-    out = []
-    i, n = 0, len(data)
-    while i < n:
-        if n - i < _REC.size:
-            raise TransferError(f"export cut short: {n - i} bytes after record {len(out)}", final=True)
-        start, klen = _REC.unpack_from(data, i)
-        i += _REC.size
-        if klen > n - i:
-            raise TransferError(f"export record {len(out)}: key of {klen} bytes, {n - i} left", final=True)
-        if keys is not None and len(out) >= keys:
-            raise TransferError(f"export has more than the {keys} keys announced", final=True)
-        out.append((data[i:i + klen], start))
-        i += klen
-    if keys is not None and len(out) != keys:
-        raise TransferError(f"export has {len(out)} keys, {keys} announced", final=True)
-    return out
+# Records per list read from an export: a re-shard moves a partition's whole key set, which
+# can be far larger than a dedup pod's memory, so it reaches the store a batch at a time.
+IMPORT_BATCH = 50_000
 
 
-def read_own_export(state_dir: Path, reshard_id: int, partition: int, target: int, manifest: dict) -> list:
-    """The keys this pod's own export of `partition` gives `target`, checked against the
-    manifest (bytes, sha256, keys) as a peer's would be; TransferError if they differ."""
+def read_export(path: Path, keys: int | None = None, batch: int = IMPORT_BATCH):
+    """The (key, segment start) records of an export file, in lists of at most `batch`;
+    TransferError (final) where it is malformed: a record cut short, a length past the end, or
+    (with `keys`, the count its manifest or headers announced) another number of records."""
+    with open(path, "rb") as f:
+        left = os.fstat(f.fileno()).st_size
+        out: list[tuple[bytes, int]] = []
+        n = 0
+        while left:
+            if left < _REC.size:
+                raise TransferError(f"export cut short: {left} bytes after record {n}", final=True)
+            start, klen = _REC.unpack(f.read(_REC.size))
+            left -= _REC.size
+            if klen > left:  # checked before the read, which would allocate klen bytes
+                raise TransferError(f"export record {n}: key of {klen} bytes, {left} left", final=True)
+            if keys is not None and n >= keys:
+                raise TransferError(f"export has more than the {keys} keys announced", final=True)
+            out.append((f.read(klen), start))
+            left -= klen
+            n += 1
+            if len(out) == batch:
+                yield out
+                out = []
+    if keys is not None and n != keys:
+        raise TransferError(f"export has {n} keys, {keys} announced", final=True)
+    if out:
+        yield out
+
+
+def check_export(path: Path, keys: int | None = None) -> tuple[int, tuple[bytes, int] | None]:
+    """One pass over an export (read_export's checks): its record count and its newest record."""
+    n, newest = 0, None
+    for got in read_export(path, keys):
+        n += len(got)
+        top = max(got, key=lambda e: e[1])
+        if newest is None or top[1] > newest[1]:
+            newest = top
+    return n, newest
+
+
+def own_export(state_dir: Path, reshard_id: int, partition: int, target: int, manifest: dict) -> Path | None:
+    """This pod's own export file of `partition` for `target` (None: it exported nothing there),
+    checked against the manifest (bytes, sha256) as a peer's would be; TransferError if they differ."""
     t = (manifest.get("targets") or {}).get(str(target))
     if t is None:
-        return []
+        return None
     f = export_dir(state_dir, reshard_id, partition) / f"to-{target}.bin"
     try:
-        data = f.read_bytes()
+        same = f.stat().st_size == t.get("bytes") and sha256_file(f) == t.get("sha256")
     except OSError as e:
         raise TransferError(f"own export of {partition}: {e.strerror or e}", final=True) from None
-    if len(data) != t.get("bytes") or hashlib.sha256(data).hexdigest() != t.get("sha256"):
+    if not same:
         raise TransferError(f"own export of {partition} to {target} does not match its manifest", final=True)
-    return parse_export(data, t.get("keys"))
+    return f
 
 
 def cleanup_reshards(state_dir: Path, keep: set[int]) -> None:

@@ -153,7 +153,12 @@ class PartitionRunner(threading.Thread):
             lo, _ = self.source.watermarks(self.p)
             self.store, _ = restore.rebuild(self.ctx, self.p, self.source, self.committed, lo, window_start_ms(
                 int(time.time() * 1000), self.cfg.window_ms, self.cfg.segment_ms))
-        self.store.apply(imp.entries, None, partition_count=imp.to, reshard_id=imp.reshard)
+        try:  # a batch at a time; the marker last, so a restart midway imports again (the same puts)
+            for batch in imp.batches():
+                self.store.apply(batch, None)
+            self.store.apply((), None, partition_count=imp.to, reshard_id=imp.reshard)
+        finally:
+            imp.discard()
         if imp.rebuild:
             self.assign(self.committed)
         self.migration = imp.migration
