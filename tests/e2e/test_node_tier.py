@@ -310,6 +310,24 @@ def _kill_driver(ns: str, name: str) -> None:
     log(f"driver resubmitted (attempt {before + 1}), its query running again in {time.monotonic() - t:.0f}s")
 
 
+def _driver_token_makes_only_executors(ns: str, name: str) -> None:
+    """The chart's driver policy on the real install (docs/security.md#the-spark-drivers-token):
+    the real executors ran under it, a running executor's pod made again with the driver's token
+    is admitted, and the same pod mounting a Secret is refused (the admin may make it: the
+    policy, not the namespace's Pod Security level, refused it)."""
+    live = kubectl_json("-n", ns, "get", "pods", "-l", f"spark-role=executor,{LABEL_PIPELINE}={name}")["items"][0]
+    pod = {"apiVersion": "v1", "kind": "Pod", "spec": live["spec"],
+           "metadata": {"name": f"{live['metadata']['name']}-again", "labels": live["metadata"]["labels"]}}
+    admin = ("-n", ns, "create", "--dry-run=server", "-f", "-")
+    as_driver = (*admin, f"--as=system:serviceaccount:{ns}:{name}-spark")
+    kubectl(*as_driver, input=json.dumps(pod))
+    pod["spec"]["volumes"].append({"name": "admin-secret", "secret": {"secretName": "db-root"}})
+    res = nodetier.run(kubectl_argv(*as_driver), input=json.dumps(pod))
+    assert res.returncode != 0 and "may not mount volume admin-secret" in res.stderr, res.stderr
+    kubectl(*admin, input=json.dumps(pod))
+    log(f"the driver's token: {live['metadata']['name']} made again admitted, with a Secret volume refused")
+
+
 def _jvms_share_classes(ns: str, name: str) -> None:
     """The driver's and each running executor's JVM map the image's class data sharing archive
     (hack/spark/entrypoint.sh): it holds for the class path they run with on the node's
@@ -407,6 +425,7 @@ def _file_sink_exactly_once(node_tier: dict, object_store) -> None:
     secret = s3_secret("clicks-s3", name, object_store)
     _start_spark_example(ns, name, "file-sink.yaml", backup_to(name, "clicks-s3"), first=(secret,))
     _jvms_share_classes(ns, name)
+    _driver_token_makes_only_executors(ns, name)
     pvc = kubectl_json("-n", ns, "get", "pvc", f"{name}-spark-checkpoint")
     assert pvc["status"]["accessModes"] == ["ReadWriteMany"], pvc["status"]
     pv = kubectl_json("get", "pv", pvc["spec"]["volumeName"])["spec"]

@@ -18,14 +18,15 @@ def example(name: str = "minimal.yaml") -> dict:
 
 
 def changed(doc: dict, **paths) -> dict:
-    """A copy of `doc` with each dotted path (`spec.dedup.window`) set to its value, or removed
-    if the value is None."""
+    """A copy of `doc` with each dotted path (`spec.dedup.window`; a number indexes a list:
+    `spec.containers.0.image`) set to its value, or removed if the value is None."""
     doc = copy.deepcopy(doc)
     for path, value in paths.items():
         *parents, last = path.split(".")
         node = doc
         for p in parents:
-            node = node.setdefault(p, {})
+            node = node[int(p)] if isinstance(node, list) else node.setdefault(p, {})
+        last = int(last) if isinstance(node, list) else last
         if value is None:
             del node[last]
         else:

@@ -6,8 +6,8 @@
   and e2e tests label a namespace with `restrict_namespace` and create pods there.
 - `spark_pod(app, role)`: the pod Spark on Kubernetes creates for a SparkApplication's driver or
   executor from its pod template (`<role>.template`, which carries the security contexts:
-  control/builders/spark.py). The process tiers start no pods, so this is the closest they get;
-  the node tier runs the real ones in namespaces enforcing the restricted level
+  control/builders/spark.py), with Spark's labels. The process tiers start no pods, so this is
+  the closest they get; the node tier runs the real ones in namespaces enforcing the restricted level
   (tests/e2e/test_node_tier.py: the Spark lifecycle and file sink tests, the install doc's path).
 - `pod_from_template(template, name)`: a Pod of a workload's pod template.
 - `dry_run_create(kube_api, ns, pod)`: None if the API server admits the pod, else its refusal.
@@ -97,8 +97,10 @@ def spark_pod(app: dict, role: str) -> dict:
     pod.update(restartPolicy="Never", serviceAccountName=spec["driver"].get("serviceAccount", "default"))
     if spec.get("imagePullSecrets"):
         pod["imagePullSecrets"] = [{"name": n} for n in spec["imagePullSecrets"]]
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": f"{meta['name']}-{role}", "labels": dict(part.get("labels") or {})},
+    # Spark's own labels beside the role's (the Spark Operator's app-name among them).
+    labels = {**(part.get("labels") or {}), "spark-role": role, "spark-app-selector": f"spark-{meta['name']}",
+              "sparkoperator.k8s.io/app-name": meta["name"]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{meta['name']}-{role}", "labels": labels},
             "spec": pod}
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eopipe.core.names import LABEL_MANAGED_BY, MANAGED_BY
 from localenv.fixtures_operator import kubectl
 from tests.helpers.helm import CHART, ROOT, run_helm
 from tests.helpers.podsecurity import dry_run_create, pod_from_template, restrict_namespace, restricted_problems
@@ -94,7 +95,10 @@ def test_default_render(tools, helm_env):
     assert sorted(d["kind"] for d in docs) == sorted(
         ["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Deployment",
          "Service", "PodDisruptionBudget", "NetworkPolicy", "ValidatingAdmissionPolicy",
-         "ValidatingAdmissionPolicyBinding"])
+         "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])
+    # The driver policy's parameters: the SparkApplications the operator labels as its own.
+    (driver,) = [b for b in by_kind(docs, "ValidatingAdmissionPolicyBinding") if "paramRef" in b["spec"]]
+    assert driver["spec"]["paramRef"]["selector"]["matchLabels"] == {LABEL_MANAGED_BY: MANAGED_BY}
     dep = by_kind(docs, "Deployment")[0]
     # The operator enforces the same tenant policy the admission policy renders (docs/security.md).
     env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
