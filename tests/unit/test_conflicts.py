@@ -25,6 +25,9 @@ def c(ns, name, created, topic="events", **spec) -> Claim:
 
 ORIGIN = {"namespace": "a", "name": "p"}
 PROCESSING = {"processing": {"checkpoint": {"pvc": {}}}, "sink": {"kafka": {"topic": "out"}}}
+SINK_Q = {**PROCESSING, "sink": {"kafka": {"topic": "out-q"}}}
+SHARED = {**PROCESSING, "processing": {"checkpoint": {"pvc": {}}, "serviceAccount": "spark-s3"}}
+SHARED_Q = {**SHARED, "sink": SINK_Q["sink"]}
 
 CASES = [
     # (what, me, others, [(topic, my role, other, its role)])
@@ -58,6 +61,13 @@ CASES = [
      [c("a", "p", T1, topics={"deduped": "x"})], [("x", "deduped", "a/p", "deduped")]),
     ("same second, the earlier name goes on", c("a", "p", T1, topics={"deduped": "x"}),
      [c("a", "q", T1, topics={"deduped": "x"})], []),
+    ("one driver ServiceAccount named by two pipelines of a namespace", c("a", "q", T2, "other", **SHARED_Q),
+     [c("a", "p", T1, **SHARED)], [("serviceaccount:a/spark-s3", "Spark driver ServiceAccount", "a/p",
+                                   "Spark driver ServiceAccount")]),
+    ("one ServiceAccount name in two namespaces", c("b", "q", T2, "other", **SHARED_Q), [c("a", "p", T1, **SHARED)],
+     []),
+    ("the operator's own ServiceAccounts never meet", c("a", "q", T2, "other", **SINK_Q),
+     [c("a", "p", T1, **PROCESSING)], []),
     ("several older ones, oldest first", c("c", "r", T2, topics={"deduped": "x", "deadLetter": "y"}),
      [c("b", "q", T1, topics={"deadLetter": "y"}), c("a", "p", "2024-12-31T00:00:00Z", topics={"deduped": "x"})],
      [("x", "deduped", "a/p", "deduped"), ("y", "dead-letter", "b/q", "dead-letter")]),
@@ -79,6 +89,12 @@ def test_a_shared_group_says_so():
     x = conflicts(c("b", "p", T2, restoreFrom=ORIGIN), [c("a", "p", T1)])[-1]
     assert x.message().startswith("consumer group a.p.dedup (and its transactional ids) is also that of") \
         and "a/p" in x.message(), x.message()
+
+
+def test_a_shared_driver_account_says_so():
+    (x,) = conflicts(c("a", "q", T2, "other", **SHARED_Q), [c("a", "p", T1, **SHARED)])
+    assert x.message().startswith("the Spark driver's ServiceAccount spark-s3 is also that of the older pipeline a/p") \
+        and "spec.processing.serviceAccount" in x.message(), x.message()
 
 
 def test_an_invalid_spec_claims_nothing():

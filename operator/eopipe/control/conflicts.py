@@ -8,7 +8,10 @@ pipelines may read one source topic. When two pipelines would write one topic, t
 Conflict and the operator neither touches its topics nor starts its workers; the older one
 goes on as if the newer did not exist. The dedup stage's consumer group (and with it its
 transactional ids) is claimed the same way: a pipeline restored from another (`spec.restoreFrom`)
-takes that one's, and only one may commit under it.
+takes that one's, and only one may commit under it. So is the Spark driver's ServiceAccount of a
+namespace (an admin may list one for several pipelines: `tenantPolicy.spark.serviceAccounts`):
+each pipeline's query would hold the other's rights through it, and the chart's driver policy
+holds a driver's pods to every pipeline that shares it, so their executors could not start.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ from typing import Iterable
 
 from pydantic import ValidationError
 
+from eopipe.control.builders.spark import driver_account
 from eopipe.core.names import Names
 from eopipe.core.spec import PipelineSpec
 
 
 GROUP = "consumer group"
 GROUP_PREFIX = "group:"  # a claim's groups and topics share one namespace of names, kept apart by this
+ACCOUNT = "Spark driver ServiceAccount"
+ACCOUNT_PREFIX = "serviceaccount:"
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,11 @@ class Conflict:
     other_role: str   # the topic's role there
 
     def message(self) -> str:
+        if self.role == ACCOUNT:
+            return (f"the Spark driver's ServiceAccount {self.topic.rpartition('/')[2]} is also that of the older "
+                    f"pipeline {self.other}; two pipelines must not run their drivers as one (each query would hold "
+                    f"the other's rights), so this one does nothing until it names another "
+                    f"(spec.processing.serviceAccount) or {self.other} is gone")
         if self.role == GROUP:
             return (f"consumer group {self.topic.removeprefix(GROUP_PREFIX)} (and its transactional ids) is also "
                     f"that of the older pipeline {self.other} (spec.restoreFrom); two pipelines must not commit "
@@ -73,6 +84,8 @@ def claim(body: dict) -> Claim | None:
 
 def claim_of(names: Names, created: str) -> Claim:
     written = {**names.written_topics, GROUP: GROUP_PREFIX + names.consumer_group}
+    if names.spec.processing is not None:
+        written[ACCOUNT] = f"{ACCOUNT_PREFIX}{names.namespace}/{driver_account(names)}"
     return Claim(names.namespace, names.pipeline, created, written)
 
 

@@ -153,7 +153,7 @@ def spark_application(names: Names, image: str, generation: int = 0) -> dict:
             # spark_app reads the Kafka client settings (credentials from Secrets) on the
             # driver and hands them to the Kafka source and sink it plans for the executors.
             "driver": {**_pod(proc.driver), "labels": labels,
-                       "serviceAccount": proc.service_account or driver_rbac(names)[0]["metadata"]["name"],
+                       "serviceAccount": driver_account(names),
                        "template": pod_template(proc, "driver", kafkaconf.pod_env(names.spec.kafka) + env,
                                                 vols, driver_mounts)},
             "executor": {"instances": proc.executors.instances, **_pod(proc.executors), "labels": labels,
@@ -170,18 +170,35 @@ def spark_application(names: Names, image: str, generation: int = 0) -> dict:
     return app
 
 
-# What the Spark driver does on Kubernetes: executor pods, their service, config maps and
-# (with dynamic allocation of volumes) claims. The chart ships these rules as one ClusterRole
+# What the Spark driver does on Kubernetes (Spark 4.2's scheduler backend and pod allocator):
+# it makes, watches, labels and deletes its executor pods; makes their ConfigMap; at its end
+# deletes its ConfigMaps, Services and claims by label (one deletecollection each); and lists
+# claims to reuse (a refusal it logs and passes over). Nothing more: no reads of the namespace's
+# ConfigMaps, Services or claims beyond that list, which the tenant's query, run in the driver,
+# could otherwise make. The chart's driver admission policy narrows these rights to what Spark
+# made (docs/security.md#the-spark-drivers-token). The chart ships these rules as one ClusterRole
 # (charts/eopipe/templates/rbac.yaml, `<fullname>-<namespace>-spark-driver`) and the operator
 # binds it in the pipeline's namespace: RBAC lets it bind that ClusterRole by name (`bind` with
 # resourceNames) without holding these rights itself, as it would have to to grant them in a
 # Role of its own making.
 DRIVER_RULES = [
-    {"apiGroups": [""], "resources": ["pods", "services", "configmaps", "persistentvolumeclaims"],
+    {"apiGroups": [""], "resources": ["pods"],
      "verbs": ["get", "list", "watch", "create", "delete", "deletecollection", "patch"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "deletecollection"]},
+    {"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["list", "deletecollection"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["deletecollection"]},
 ]
 # The ClusterRole's name where no chart sets EOPIPE_SPARK_DRIVER_CLUSTERROLE (control/settings.py).
 DRIVER_CLUSTER_ROLE = "eopipe-spark-driver"
+
+
+def driver_account(names: Names) -> str:
+    """The ServiceAccount the driver runs as: the spec's (one the admin allows), else the operator's."""
+    return names.spec.processing.service_account or own_driver_account(names)
+
+
+def own_driver_account(names: Names) -> str:
+    return f"{names.pipeline}-spark"
 
 
 def driver_rbac(names: Names, cluster_role: str = DRIVER_CLUSTER_ROLE) -> list[dict]:
@@ -189,7 +206,7 @@ def driver_rbac(names: Names, cluster_role: str = DRIVER_CLUSTER_ROLE) -> list[d
     chart's driver ClusterRole to it, in the pipeline's namespace only. The binding is
     `<pipeline>-spark-driver`: a RoleBinding's roleRef cannot change, and releases before the
     ClusterRole bound a Role `<pipeline>-spark` from a RoleBinding `<pipeline>-spark`."""
-    sa = f"{names.pipeline}-spark"
+    sa = own_driver_account(names)
     labels = names.labels("processing")
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount",
