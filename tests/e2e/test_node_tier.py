@@ -316,7 +316,9 @@ def _driver_token_makes_only_executors(ns: str, name: str) -> None:
     is admitted, and the same pod mounting a Secret is refused (the admin may make it: the
     policy, not the namespace's Pod Security level, refused it)."""
     live = kubectl_json("-n", ns, "get", "pods", "-l", f"spark-role=executor,{LABEL_PIPELINE}={name}")["items"][0]
-    pod = {"apiVersion": "v1", "kind": "Pod", "spec": live["spec"],
+    # As Spark sends it: not yet scheduled.
+    spec = {k: v for k, v in live["spec"].items() if k != "nodeName"}
+    pod = {"apiVersion": "v1", "kind": "Pod", "spec": spec,
            "metadata": {"name": f"{live['metadata']['name']}-again", "labels": live["metadata"]["labels"]}}
     admin = ("-n", ns, "create", "--dry-run=server", "-f", "-")
     as_driver = (*admin, f"--as=system:serviceaccount:{ns}:{name}-spark")
