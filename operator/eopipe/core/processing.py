@@ -143,8 +143,9 @@ class ProcessingSpec(Model):
     executors: Executors = section(Executors)
     service_account: str | None = Field(
         None, min_length=1, max_length=253,
-        description="the driver's ServiceAccount; default <pipeline>-spark, which the operator creates with the "
-                    "rights Spark needs (executor pods, services, config maps)")
+        description="the driver's ServiceAccount, one the tenant policy allows and no other pipeline of the "
+                    "namespace runs as; default <pipeline>-spark, which the operator creates with the rights "
+                    "Spark needs (its executor pods and their config map)")
     spark_conf: dict[str, str] = Field(default_factory=dict, max_length=256,
                                        description="Spark settings; win over the operator's")
     hadoop_conf: dict[str, str] = Field(default_factory=dict, max_length=256,
