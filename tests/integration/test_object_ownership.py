@@ -232,9 +232,11 @@ def test_objects_made_by_someone_else_are_left_as_they_were(chart_rbac, chart_op
         assert stalled["reason"] == "Conflict" and stalled["message"].startswith(
             f"{what} exists and is not this pipeline's"), stalled
         assert obj["status"]["phase"] == "Failed"
-        events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-        assert any(e.type == "Warning" and e.reason == "Conflict" and what in e.message for e in events), \
-            [(e.type, e.reason, e.message) for e in events]
+        # The event is posted apart from the status (kopf queues it): it may come a moment later.
+        def told() -> bool:
+            events = core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+            return any(e.type == "Warning" and e.reason == "Conflict" and what in e.message for e in events)
+        wait_for(told, 30, what=f"a Warning event Conflict naming {what}")
     wait_passes(chart_operator, 2)
     assert {t: admin.get(*t, ns) for t in theirs} == before
     # `a` went no further than its Secret: no pods that would read someone else's token.

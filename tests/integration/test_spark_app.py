@@ -113,13 +113,14 @@ class Supervisor(threading.Thread):
         self.join(10)
 
 
-def _background_load(bootstrap: str, topic: str, count: int, rate: float, seed: int) -> threading.Thread:
+def _background_load(bootstrap: str, topic: str, count: int, rate: float, seed: int,
+                     stop: threading.Event | None = None) -> threading.Thread:
     result: dict = {}
 
     def go():
         try:
             result.update(run_load(bootstrap, topic, count, dup_ratio=0.0, wrong_partition_ratio=0.0,
-                                   rate=rate, seed=seed))
+                                   rate=rate, seed=seed, stop=stop))
         except BaseException as e:  # noqa: BLE001 - reported by the test
             result["error"] = e
 
@@ -497,8 +498,10 @@ def test_driver_sigkills_mid_batch_a_lost_checkpoint_and_a_replayed_committed_ba
     # between a batch's first run and its replay, so a sink that named its units by task index
     # lost and duplicated rows here (sink_units.py).
     t = Topics(kafka_bootstrap, partitions=4)
-    # 40 s of load: it outlasts the kills and restarts, so the last run has batches to plan.
-    load = _background_load(kafka_bootstrap, t.source, 6000, rate=150, seed=23)
+    # A load that outlasts the kills and restarts however slow they are: stopped once the run on
+    # the lost checkpoint has planned a batch, so the last window below has one to drop.
+    stop = threading.Event()
+    load = _background_load(kafka_bootstrap, t.source, 30000, rate=150, seed=23, stop=stop)
     # Each task sleeps before its commit, so the kills below land inside open transactions.
     d = spark_driver(t.config(tmp_path), EOPIPE_SPARK_TEST_COMMIT_DELAY="0.7")
     d.wait_running()
@@ -545,7 +548,12 @@ def test_driver_sigkills_mid_batch_a_lost_checkpoint_and_a_replayed_committed_ba
     assert "has no batch planned: removed what a driver stopped while planning its first batch left there: " \
         "offsets/.0.7f3e9c1a-0b4d-4e8a-9a51-2d6c0e1f5b37.tmp, sources/0" in d.log_text(), d.tail(30)
     assert "starting where the sink's markers say its output ends" in d.log_text(), d.tail(30)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and latest_batch(ck, "offsets") is None and load.is_alive():
+        time.sleep(0.2)
+    stop.set()
     stats = _join_load(load)
+    assert latest_batch(ck, "offsets") is not None, "the run on the lost checkpoint planned no batch"
     _wait_for_output(kafka_bootstrap, t.sink, stats["unique"], timeout=120)
 
     # The other window of a crash: tasks committed, the driver died before Spark's commit log
@@ -572,7 +580,7 @@ def test_driver_sigkills_mid_batch_a_lost_checkpoint_and_a_replayed_committed_ba
 
     rep = verify(kafka_bootstrap, t.source, t.sink, key_spec=ID, order=False, settle=5, timeout=180)
     assert rep.ok and rep.lost == 0 and rep.duplicated == 0, rep.line()
-    assert rep.unique_in == 6000
+    assert rep.unique_in == stats["unique"]
     assert rep.aborted_reads > 0  # the killed transactions were really there, and aborted
 
 
