@@ -53,9 +53,15 @@ node-prep: venv kafka k8s spark-jars ## the node tier's packages, kubelet, image
 # root, like the node tier's tests).
 # The soak and the benchmarks' own runs are left out of `make test` (CI's time): `make soak`, `make test-bench`.
 # Short tracebacks: a failure's own lines come first in a CI log that is read in excerpts.
+# Two phases (tests/conftest.py, in_phase): the unit tier and the node tier's tests in one
+# process, then the rest in two pytest-xdist workers, a test file each at a time; both phases
+# run, and the target fails if either did.
+PYTEST_RUN = $(PY) -m pytest -m "not bench" --ignore=tests/soak --tb=short
 test: ## the whole test suite: unit, integration (real Kafka, control plane, Spark), e2e, node tier and fault tests
 	@$(MAKE) --no-print-directory -j2 deps $(if $(filter 0,$(shell id -u)),node-prep)
-	EOPIPE_NODE_TESTS=1 $(PY) -m pytest -m "not bench" --ignore=tests/soak --tb=short
+	@EOPIPE_NODE_TESTS=1 $(PYTEST_RUN) --phase node; node=$$?; \
+	$(PYTEST_RUN) --phase local -n 2 --dist loadfile; local=$$?; \
+	echo "make test: node phase exit $$node, local phase exit $$local"; [ $$node = 0 ] && [ $$local = 0 ]
 
 test-unit: $(VENV)/.installed-unit ## the unit tier alone: no services, no Kafka, Java or Go (about two minutes)
 	$(PY) -m pytest tests/unit

@@ -52,6 +52,20 @@ def pytest_collection_modifyitems(config, items):
             own = (mark.kwargs.get("timeout") or (mark.args or [None])[0]) if mark else None
             item.add_marker(pytest.mark.timeout(own or float(config.getini("timeout")), func_only=True), append=False)
     items.sort(key=lambda i: run_group(i.nodeid, i.fixturenames))  # stable: each group keeps its order
+    phase = config.getoption("phase")
+    if phase != "all":
+        keep, drop = [], []
+        for i in items:
+            (keep if in_phase(run_group(i.nodeid, i.fixturenames), phase) else drop).append(i)
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_addoption(parser):
+    parser.addoption("--phase", choices=PHASES, default="all",
+                     help="part of the run: 'node', the unit tier and the node tier's tests (one process, "
+                          "the tier's start overlapping the unit tier); 'local', the rest (make test runs it "
+                          "in two pytest-xdist workers); 'all' (default) both, in one process")
 
 
 def run_group(nodeid: str, fixtures) -> int:
@@ -59,6 +73,15 @@ def run_group(nodeid: str, fixtures) -> int:
     (tests/e2e/conftest.py), then the node tier's tests, then the rest: the tier is up only as
     long as its tests need it."""
     return 0 if nodeid.startswith("tests/unit/") else 1 if "node_tier" in fixtures else 2
+
+
+PHASES = ("all", "node", "local")
+
+
+def in_phase(group: int, phase: str) -> bool:
+    """The node tier's tests keep the machine's cores busy on their own, so they run alone; the
+    local tiers' tests wait on brokers and timeouts enough that two run side by side."""
+    return phase == "all" or (group < 2) == (phase == "node")
 
 
 # Wall time per tier (tests/<tier>/...), setup and teardown included, printed at the end so the

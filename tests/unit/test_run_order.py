@@ -3,7 +3,7 @@ come next, then the rest."""
 
 import pytest
 
-from tests.conftest import run_group
+from tests.conftest import in_phase, run_group
 
 
 @pytest.mark.parametrize("nodeid, fixtures, group", [
@@ -26,3 +26,12 @@ def test_the_sort_is_stable_within_a_group():
     fixtures = {"tests/e2e/test_node_tier.py::t3": ["node_tier"], "tests/e2e/test_node_tier.py::t4": ["node_tier"]}
     got = sorted(ids, key=lambda i: run_group(i, fixtures.get(i, [])))
     assert [i.rsplit("::", 1)[1] for i in got] == ["t2", "t5", "t3", "t4", "t1", "t6"]
+
+
+@pytest.mark.parametrize("group, phase, runs", [
+    (0, "all", True), (1, "all", True), (2, "all", True),
+    (0, "node", True), (1, "node", True), (2, "node", False),  # the unit tier and the node tier's tests
+    (0, "local", False), (1, "local", False), (2, "local", True),  # the rest, in two workers
+])
+def test_in_phase(group, phase, runs):
+    assert in_phase(group, phase) is runs
