@@ -39,6 +39,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def open_transaction(bootstrap: str, topic: str, partitions: list[int] | None = None) -> bool:
+    """Whether some partition of `topic` (of `partitions`, or any) has an open transaction:
+    its last stable offset below its high watermark."""
+    c_unc = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "isolation.level": "read_uncommitted"})
+    c_com = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "isolation.level": "read_committed"})
+    try:
+        if partitions is None:
+            partitions = list(c_unc.list_topics(topic, timeout=10).topics[topic].partitions)
+        for p in partitions:
+            tp = TopicPartition(topic, p)
+            hw = c_unc.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            lso = c_com.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            if lso < hw:
+                return True
+        return False
+    finally:
+        c_unc.close()
+        c_com.close()
+
 class Pipeline:
     """Topics of one test pipeline and the worker processes that serve it."""
 

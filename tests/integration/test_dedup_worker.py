@@ -24,7 +24,8 @@ from eopipe.core.names import Names
 from eopipe.core.spec import PipelineSpec
 from eopipe.tools.verify import TopicReader, verify
 from tests.helpers.rebalance_e2e import Load
-from tests.helpers.workers import REPO, assert_clean, background_load, finish_load, metric_sum, recoveries, resend_all
+from tests.helpers.workers import (REPO, assert_clean, background_load, finish_load, metric_sum, open_transaction,
+                                   recoveries, resend_all)
 
 pytestmark = pytest.mark.kafka
 
@@ -235,6 +236,11 @@ def test_sigkill_mid_transaction_repeatedly_100k(pipe):
             if not t.is_alive():
                 break
             w = rng.choice(ws)
+            # Inside one of its open transactions: a busy machine's restarted worker may not have
+            # begun one yet 2 s after it is ready.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not open_transaction(pipe2.bootstrap, pipe2.output, w.partitions):
+                time.sleep(0.05)
             w.kill()
             kills += 1
             w.start().wait_ready()

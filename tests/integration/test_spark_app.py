@@ -25,6 +25,7 @@ from eopipe.tools.verify import TopicReader, verify
 from spark_app import progress, sink_kafka, sink_units
 from tests.helpers.sparkfiles import latest_batch
 from tests.helpers.sparktopics import Topics
+from tests.helpers.workers import open_transaction
 
 REPO = Path(__file__).resolve().parents[2]
 ID = KeySpec.parse("json:id")
@@ -61,24 +62,6 @@ def _progress_until(url: str, t: Topics, done, timeout: float = 120):
             return p
         assert time.monotonic() < deadline, f"{p} lag={lag}"
         time.sleep(0.5)
-
-
-def _open_transaction(bootstrap: str, topic: str) -> bool:
-    """Whether some partition of `topic` has an open transaction (LSO < high watermark)."""
-    c_unc = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "isolation.level": "read_uncommitted"})
-    c_com = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe", "isolation.level": "read_committed"})
-    try:
-        parts = c_unc.list_topics(topic, timeout=10).topics[topic].partitions
-        for p in parts:
-            tp = TopicPartition(topic, p)
-            hw = c_unc.get_watermark_offsets(tp, timeout=10, cached=False)[1]
-            lso = c_com.get_watermark_offsets(tp, timeout=10, cached=False)[1]
-            if lso < hw:
-                return True
-        return False
-    finally:
-        c_unc.close()
-        c_com.close()
 
 
 def _wait_for_output(bootstrap: str, topic: str, at_least: int, timeout: float) -> int:
@@ -510,9 +493,9 @@ def test_driver_sigkills_mid_batch_a_lost_checkpoint_and_a_replayed_committed_ba
     def kill_in_a_transaction() -> bool:
         """SIGKILL once a transaction is open; whether it still was just before the kill."""
         deadline = time.monotonic() + 40
-        while time.monotonic() < deadline and not _open_transaction(kafka_bootstrap, t.sink):
+        while time.monotonic() < deadline and not open_transaction(kafka_bootstrap, t.sink):
             time.sleep(0.05)
-        hit = _open_transaction(kafka_bootstrap, t.sink)
+        hit = open_transaction(kafka_bootstrap, t.sink)
         d.kill()
         return hit
 
