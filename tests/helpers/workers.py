@@ -58,6 +58,7 @@ def open_transaction(bootstrap: str, topic: str, partitions: list[int] | None = 
         c_unc.close()
         c_com.close()
 
+
 class Pipeline:
     """Topics of one test pipeline and the worker processes that serve it."""
 
