@@ -10,7 +10,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from eopipe.core.kafkaconf import OFFSETS_NOW
 from eopipe.core.names import consumer_group
 from eopipe.tools.loadgen import send
+from localenv.daemon import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 WINDOW_MS = 24 * 3600 * 1000     # the workers run with --window 24h and the default 4 segments
@@ -91,12 +91,6 @@ def python() -> str:
 def say(msg: str) -> None:
     """Progress output: stderr, so stdout stays the table."""
     print(f"  bench: {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def percentile(sorted_values: list[float], q: float) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -192,10 +193,39 @@ def last_lines(path: Path, n: int = 40) -> str:
         return ""
 
 
+NODE_PORTS = range(30000, 32768)  # Kubernetes' default Service NodePort range
+
+
+def listen_ports(ephemeral: tuple[int, int]) -> list[int]:
+    """The ports free_port picks from: above 20000 (below, the fixed ports daemons default to:
+    8080, 9092, 10250), outside the kernel's ephemeral range (`ip_local_port_range`) and the
+    NodePort range. A port bind(0) gives is an ephemeral one, which any process's next outgoing
+    connection may take before the listener binds it (two pytest-xdist workers make thousands of
+    connections); one outside that range stays free for the restarts of the process it was picked
+    for."""
+    low, high = ephemeral
+    return [p for p in range(20000, 65536) if not low <= p <= high and p not in NODE_PORTS]
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nothing listens on or uses now, for a local daemon to listen on."""
+    ports = listen_ports(_ephemeral_range())
+    for port in random.sample(ports, min(200, len(ports))):
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", port))  # refused if any address holds the port
+            except OSError:
+                continue
+            return port
+    raise OSError("no free TCP port outside the ephemeral range")
 
 
 def script_output(script: Path) -> list[str]:

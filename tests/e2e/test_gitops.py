@@ -127,9 +127,11 @@ def _in_sync_after_a_hard_refresh(argo: ArgoCD) -> None:
     """Compared afresh with the operator running: what it and the API server write (status, its
     finalizer, defaults) makes no difference Argo CD would show, with no ignoreDifferences, and
     the comparison starts no sync. The children first: while a child syncs, its `operation`
-    field is a difference the app-of-apps sees."""
+    field is a difference the app-of-apps sees. Each is compared once first and its syncs let
+    end: an app's periodic comparison may only now see the last commit and sync (a child's
+    self-heal, the app-of-apps seeing that child's `operation`), which the hard refresh did not start."""
     for name in (PIPELINES_APP, OPERATOR_APP, ROOT_APP):
-        before = ArgoCD.last_sync(argo.app(name))
+        before = ArgoCD.last_sync(argo.compare_now(name))
         app = argo.compare_now(name, "hard")
         out = [r for r in app["status"].get("resources", []) if r["status"] != "Synced"]
         assert app["status"]["sync"]["status"] == "Synced" and not out, (name, out)

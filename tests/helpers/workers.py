@@ -8,7 +8,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,15 +27,10 @@ from eopipe.core.keys import KeySpec
 from eopipe.core.names import consumer_group
 from eopipe.tools.loadgen import Sender, run_load
 from eopipe.tools.verify import TopicReader, transient, verify
+from localenv.daemon import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv" / "bin" / "python").exists() else sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def open_transaction(bootstrap: str, topic: str, partitions: list[int] | None = None) -> bool:

@@ -87,7 +87,7 @@ def test_the_documented_applications_sync_stay_in_sync_and_report_pipeline_healt
     # Still in sync after a fresh comparison: the API server's defaults (the CRD's, the
     # Deployment's, the admission policy's) make no difference Argo CD would show.
     for name in ("eopipe-operator", "eopipe-pipelines"):
-        before = ArgoCD.last_sync(argo.app(name))
+        before = ArgoCD.last_sync(argo.compare_now(name))  # any sync a periodic comparison began, ended
         app = argo.compare_now(name, "hard")
         assert app["status"]["sync"]["status"] == "Synced" and ArgoCD.last_sync(app) == before, app["status"]
         assert {r["status"] for r in app["status"]["resources"]} == {"Synced"}, app["status"]["resources"]
