@@ -7,7 +7,8 @@ Steps (each module's docstring says exactly what it measures):
                  Spark dropDuplicatesWithinWatermark, its duplicates after a driver SIGKILL) as
                  ratios against eopipe. --peers runs this table alone; --quick leaves the peers out.
                  Then alone at 1M records: the steady state at 200k and 1M against the goals
-                 (at least 0.85 of the copier, at most 4 µs CPU per record)
+                 (at least 0.85 of the copier, at most 4 µs CPU per record), and the same copier
+                 in C on the same librdkafka (bench/peers/ccopy.c): the client library's own CPU
   scale          dedup throughput with 1, 2 and 4 pods on 4 and 16 partitions (one machine: the
                  pods share its cores), speed-up over 1 pod, output verified
   latency        Spark stage end to end, produce -> exactly-once Kafka sink: p50/p99
@@ -312,6 +313,11 @@ def copy_goal_rows(row, opts: argparse.Namespace) -> None:
             row("dedup_vs_copy", f"{cid}_steady_cpu_us_{_count(n)}", f"{label} CPU, steady, {_count(n)} records",
                 "µs/record", f"{notes}; goal <= {GOAL_CPU_US}; the copier's in the detail table",
                 lambda r, f=steady: f(r)[0]["steady_cpu_us_per_record"])
+        def c_copy(r, n=n):
+            return next((x for x in r["sizes"][str(n)] if x["id"] == "c_copy"), None)["steady_cpu_us_per_record"]
+        row("dedup_vs_copy", f"c_copy_steady_cpu_us_{_count(n)}", f"C copier CPU, steady, {_count(n)} records",
+            "µs/record", f"{n:,} records; the copier's loop in C on its librdkafka: the client's floor under "
+            f"goal <= {GOAL_CPU_US}", c_copy)
 
 
 def sizes_of(text: str) -> list[int]:

@@ -1,6 +1,7 @@
 """The contestants of the throughput table (bench/dedup_vs_copy.py): eopipe's dedup worker, the
-Python plain copier, and the peers: Java plain and transactional copiers, Kafka Streams dedup
-(exactly_once_v2) and Spark's dropDuplicatesWithinWatermark (bench/peers/).
+Python plain copier and the same copier in C (the client library's own cost), and the peers:
+Java plain and transactional copiers, Kafka Streams dedup (exactly_once_v2) and Spark's
+dropDuplicatesWithinWatermark (bench/peers/).
 
 Every contestant is its own process, reads the same preloaded source topic from the start and
 writes its own output topic. Timing: from process start until its consumer group has committed
@@ -46,6 +47,8 @@ EOPIPE = Contestant("dedup", "dedup worker (exactly-once)", "exactly-once", True
 # nested copy of it, `user.id` (the preload writes both; the record key is the same id).
 JSON_KEY = "json:user.id"
 EOPIPE_JSON = Contestant("dedup_json", "dedup worker, key = JSON field user.id", "exactly-once", True, False)
+# bench/peers/ccopy.c: the Python copier's loop on the same librdkafka, without Python.
+C_COPY = Contestant("c_copy", "C plain copy, same librdkafka", "at-least-once", False, False)
 JAVA_COPY = Contestant("java_copy", "Java plain copy (at-least-once)", "at-least-once", False, True,
                        "Java plain copy")
 JAVA_TX_COPY = Contestant("java_tx_copy", "Java transactional copy, no dedup", "exactly-once", False, True,
@@ -54,7 +57,7 @@ KSTREAMS = Contestant("kstreams_dedup", "Kafka Streams dedup (exactly_once_v2)",
                       "Kafka Streams dedup")
 SPARK = Contestant("spark_dedup", "Spark dropDuplicatesWithinWatermark", "at-least-once sink", True, True,
                    "Spark dedup")
-ALL = (PY_COPY, EOPIPE, EOPIPE_JSON, JAVA_COPY, JAVA_TX_COPY, KSTREAMS, SPARK)
+ALL = (PY_COPY, EOPIPE, EOPIPE_JSON, C_COPY, JAVA_COPY, JAVA_TX_COPY, KSTREAMS, SPARK)
 
 
 def python() -> str:
@@ -66,6 +69,34 @@ def java_classpath() -> str:
     """The peers' jar and its dependencies (bench/peers/build.sh: built once, cached by hash)."""
     out = subprocess.run(["bash", str(PEERS / "build.sh")], check=True, stdout=subprocess.PIPE, text=True)
     return out.stdout.strip().splitlines()[-1]
+
+
+def c_copier() -> str:
+    """bench/peers/ccopy.c built against the librdkafka the confluent-kafka wheel bundles (the
+    Python contestants' own), cached by the hash of the source and that library's name. Its
+    header is Debian's librdkafka-dev (installed when missing, as root), whose C API the newer
+    library keeps."""
+    import hashlib
+
+    import confluent_kafka
+
+    header = Path("/usr/include/librdkafka/rdkafka.h")
+    if not header.exists():
+        if os.geteuid() != 0:
+            raise RuntimeError(f"the C copier needs {header} (Debian: apt-get install librdkafka-dev)")
+        from localenv.node.host import ensure_packages
+
+        ensure_packages({str(header): "librdkafka-dev"})
+    libs = sorted((Path(confluent_kafka.__file__).parent.parent / "confluent_kafka.libs").glob("librdkafka*.so*"))
+    link = [str(libs[0]), f"-Wl,-rpath,{libs[0].parent}"] if libs else ["-lrdkafka"]  # else: a system-built wheel
+    src = PEERS / "ccopy.c"
+    key = hashlib.sha256(src.read_bytes() + " ".join(link).encode()).hexdigest()[:16]
+    out = Path(os.environ.get("EOPIPE_CACHE", Path.home() / ".cache" / "eopipe")) / f"bench-ccopy-{key}" / "ccopy"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["gcc", "-O2", "-Wall", "-o", f"{out}.tmp", str(src), *link], check=True)
+        os.replace(f"{out}.tmp", out)
+    return str(out)
 
 
 def spark_jars() -> Path:
@@ -89,6 +120,9 @@ def command(c: Contestant, bootstrap: str, source: str, output: str, work: Path,
         group = f"bench-copy-{output}"
         return [python(), "-m", "bench.copier", "--bootstrap", bootstrap, "--source", source,
                 "--output", output, "--group", group], group
+    if c is C_COPY:
+        group = f"bench-ccopy-{output}"
+        return [tools["ccopy"], bootstrap, source, output, group], group
     if c in (EOPIPE, EOPIPE_JSON):
         key = ["--key", JSON_KEY] if c is EOPIPE_JSON else []
         return [python(), "-m", "eopipe.tools.cli", "dedup", *key, "--bootstrap", bootstrap,
@@ -110,6 +144,8 @@ def command(c: Contestant, bootstrap: str, source: str, output: str, work: Path,
 def tools_for(contestants) -> dict:
     """Builds or finds what the chosen contestants need (cached after the first run)."""
     tools = {}
+    if C_COPY in contestants:
+        tools["ccopy"] = c_copier()
     if any(c in (JAVA_COPY, JAVA_TX_COPY, KSTREAMS) for c in contestants):
         tools["classpath"] = java_classpath()
     if SPARK in contestants:

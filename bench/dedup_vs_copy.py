@@ -2,7 +2,8 @@
 records, one run, one table with ratios against eopipe.
 
 Contestants (bench/contestants.py says how each is started and timed): the Python plain copier
-(bench/copier.py) and eopipe's dedup worker always; with peers, also a Java plain copier and a
+(bench/copier.py), the same copier in C on the same librdkafka (bench/peers/ccopy.c: what the
+client library alone costs) and eopipe's dedup worker always; with peers, also a Java plain copier and a
 Java transactional copier (the at-least-once and exactly-once ceilings without dedup), Kafka
 Streams dedup with exactly_once_v2 (bench/peers/, a windowed store per the tutorial) and Spark's
 dropDuplicatesWithinWatermark with the RocksDB state store and the Kafka sink.
@@ -230,6 +231,10 @@ def table(result: dict) -> str:
             lines.append(f"steady ratio {r['id']}/copy: {r['steady_records_per_s'] / rows[0]['steady_records_per_s']:.2f}"
                          f" (goal >= {GOAL_RATIO}), CPU {r['steady_cpu_us_per_record']:.1f} vs "
                          f"{rows[0]['steady_cpu_us_per_record']:.1f} µs/record (goal <= {GOAL_CPU_US})")
+    c = next((r for r in rows if r["id"] == "c_copy" and r.get("steady_cpu_us_per_record")), None)
+    if c:
+        lines.append(f"the client library alone (the copier's loop in C, the same librdkafka): CPU "
+                     f"{c['steady_cpu_us_per_record']:.1f} µs/record steady")
     if result.get("spark_kill"):
         from bench import spark_kill
 

@@ -97,7 +97,7 @@ def test_bench_quick_writes_every_metric_and_a_png(kafka_bootstrap, tmp_path):
 
 
 
-PEERS = {"copy", "dedup", "dedup_json", "java_copy", "java_tx_copy", "kstreams_dedup", "spark_dedup"}
+PEERS = {"copy", "dedup", "dedup_json", "c_copy", "java_copy", "java_tx_copy", "kstreams_dedup", "spark_dedup"}
 
 
 @pytest.mark.timeout(600)

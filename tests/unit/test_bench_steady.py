@@ -29,7 +29,8 @@ def test_steady(samples, end, records, rate, cpu_us):
 def _rows(copy, dedup, dedup_json, cpu=3.0):
     return [{"id": "copy", "steady_records_per_s": copy, "steady_cpu_us_per_record": 2.0},
             {"id": "dedup", "steady_records_per_s": dedup, "steady_cpu_us_per_record": cpu},
-            {"id": "dedup_json", "steady_records_per_s": dedup_json, "steady_cpu_us_per_record": cpu + 1}]
+            {"id": "dedup_json", "steady_records_per_s": dedup_json, "steady_cpu_us_per_record": cpu + 1},
+            {"id": "c_copy", "steady_records_per_s": 500.0, "steady_cpu_us_per_record": 1.5}]
 
 
 @pytest.mark.parametrize("sizes, result, want", [
@@ -37,14 +38,19 @@ def _rows(copy, dedup, dedup_json, cpu=3.0):
     ("200000,1000000", {"sizes": {"200000": _rows(100.0, 90.0, 50.0), "1000000": _rows(200.0, 100.0, 160.0, 5.0)}},
      {"dedup_steady_ratio_200k": 0.9, "dedup_steady_cpu_us_200k": 3.0, "dedup_json_steady_ratio_200k": 0.5,
       "dedup_json_steady_cpu_us_200k": 4.0, "dedup_steady_ratio_1M": 0.5, "dedup_steady_cpu_us_1M": 5.0,
-      "dedup_json_steady_ratio_1M": 0.8, "dedup_json_steady_cpu_us_1M": 6.0}),
+      "dedup_json_steady_ratio_1M": 0.8, "dedup_json_steady_cpu_us_1M": 6.0,
+      "c_copy_steady_cpu_us_200k": 1.5, "c_copy_steady_cpu_us_1M": 1.5}),
     # a size that did not run, or a run too short to tell: the rows are there, without a value
     ("1000000", {"sizes": {"200000": _rows(100.0, 90.0, 50.0)}},
      {"dedup_steady_ratio_1M": None, "dedup_steady_cpu_us_1M": None, "dedup_json_steady_ratio_1M": None,
-      "dedup_json_steady_cpu_us_1M": None}),
+      "dedup_json_steady_cpu_us_1M": None, "c_copy_steady_cpu_us_1M": None}),
     ("20000", {"sizes": {"20000": _rows(None, 90.0, 50.0)}},
      {"dedup_steady_ratio_20k": None, "dedup_steady_cpu_us_20k": 3.0, "dedup_json_steady_ratio_20k": None,
-      "dedup_json_steady_cpu_us_20k": 4.0}),
+      "dedup_json_steady_cpu_us_20k": 4.0, "c_copy_steady_cpu_us_20k": 1.5}),
+    # no C copier row (a run from before it): its row is there, without a value
+    ("20000", {"sizes": {"20000": _rows(100.0, 90.0, 50.0)[:3]}},
+     {"dedup_steady_ratio_20k": 0.9, "dedup_steady_cpu_us_20k": 3.0, "dedup_json_steady_ratio_20k": 0.5,
+      "dedup_json_steady_cpu_us_20k": 4.0, "c_copy_steady_cpu_us_20k": None}),
     ("", {"sizes": {}}, {}),  # --quick: none
 ])
 def test_copy_goal_rows(sizes, result, want):
