@@ -25,6 +25,7 @@ from pathlib import Path
 from bench.common import peak_rss_mb
 from eopipe.core.names import consumer_group
 from eopipe.tools.verify import wait_for_group
+from localenv import CACHE
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / "bench" / "peers"
@@ -91,7 +92,7 @@ def c_copier() -> str:
     link = [str(libs[0]), f"-Wl,-rpath,{libs[0].parent}"] if libs else ["-lrdkafka"]  # else: a system-built wheel
     src = PEERS / "ccopy.c"
     key = hashlib.sha256(src.read_bytes() + " ".join(link).encode()).hexdigest()[:16]
-    out = Path(os.environ.get("EOPIPE_CACHE", Path.home() / ".cache" / "eopipe")) / f"bench-ccopy-{key}" / "ccopy"
+    out = CACHE / f"bench-ccopy-{key}" / "ccopy"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run(["gcc", "-O2", "-Wall", "-o", f"{out}.tmp", str(src), *link], check=True)

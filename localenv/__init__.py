@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Downloads and builds kept between runs (hack/lib.sh uses the same default).
+CACHE = Path(os.environ.get("EOPIPE_CACHE", Path.home() / ".cache" / "eopipe"))
 
 
 def quick_jit() -> list[str]:

@@ -15,11 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from localenv import REPO_ROOT, quick_jit
+from localenv import CACHE, REPO_ROOT, quick_jit
 
 ENTRYPOINT = REPO_ROOT / "hack" / "spark" / "entrypoint.sh"
 TRAINING = REPO_ROOT / "hack" / "spark" / "cds-train.py"
-CACHE = Path(os.environ.get("EOPIPE_CACHE", Path.home() / ".cache" / "eopipe"))
 # The JVM takes an archive only with the class path it was dumped with, each jar's path, size
 # and mtime; pip writes pyspark's jars at install time, so every fresh venv (each CI run) would
 # dump it again (about a minute). Their mtimes are set to a fixed time first (a wheel's earliest):

@@ -30,9 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from localenv import CACHE as EOPIPE_CACHE
 from localenv import REPO_ROOT
 
-CACHE = Path(os.environ.get("EOPIPE_CACHE", Path.home() / ".cache" / "eopipe")) / "node-images"
+CACHE = EOPIPE_CACHE / "node-images"
 PAUSE_SRC = Path(__file__).resolve().parent / "pause" / "main.go"
 # python3-dev: the python image a user's build starts FROM has Python's C headers.
 BASE_SUITE, BASE_PACKAGES = "bookworm", ("python3", "python3-venv", "python3-dev")
