@@ -38,7 +38,6 @@ PAUSE_SRC = Path(__file__).resolve().parent / "pause" / "main.go"
 # python3-dev: the python image a user's build starts FROM has Python's C headers.
 BASE_SUITE, BASE_PACKAGES = "bookworm", ("python3", "python3-venv", "python3-dev")
 VENV = "/opt/venv"
-NATIVE_C = "operator/eopipe/core/native.c"  # Cython's output, made by each build
 # What the Dockerfile's build context contributes (its COPY sources); a change rebuilds.
 APP_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "operator", "spark_app")
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -72,7 +71,8 @@ def tree_hash(root: Path, inputs: tuple[str, ...]) -> str:
         files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
         for f in files:
             rel = f.relative_to(root).as_posix()
-            if "__pycache__" in rel or ".egg-info" in rel or rel.endswith((".pyc", ".so")) or rel == NATIVE_C:
+            cython_output = f.suffix == ".c" and f.with_suffix(".pyx").exists()  # made by each build
+            if "__pycache__" in rel or ".egg-info" in rel or rel.endswith((".pyc", ".so")) or cython_output:
                 continue
             parts += [rel.encode(), f.read_bytes()]
     return _hash(*parts)

@@ -25,6 +25,7 @@ from eopipe.core import partitioner
 from eopipe.core.kafkaconf import OFFSETS_NOW
 from eopipe.core.keys import KeySpec
 from eopipe.core.names import consumer_group
+from eopipe.dedup.partition import NOT_DIRECT
 from eopipe.tools.loadgen import Sender, run_load
 from eopipe.tools.verify import TopicReader, transient, verify
 from localenv.daemon import free_port
@@ -170,6 +171,9 @@ class Pipeline:
         for w in self.workers:
             if w.running:
                 w.kill()
+        # Every worker test is also one of the direct path (dedup/direct.pyx): none fell back.
+        fell_back = [w.log.name for w in self.workers if NOT_DIRECT in w.log.read_text(errors="replace")]
+        assert not fell_back, f"{fell_back}: {NOT_DIRECT}"
 
 
 class WorkerProc:

@@ -23,7 +23,7 @@ from eopipe.core import native
 from eopipe.core import partitioner as partitioners
 from eopipe.core.headers import H_OFFSET, H_PARTITION, H_REASON, H_REROUTED, H_TOPIC
 from eopipe.core.keys import MalformedRecord, batch_extractor, extractor
-from eopipe.dedup import clients
+from eopipe.dedup import clients, direct
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.logs import event
 from eopipe.dedup.partition_store import PartitionStore
@@ -37,7 +37,7 @@ class Transaction:
 
     def __init__(self, cfg: WorkerConfig, partition: int, producer, consumer, store: PartitionStore,
                  calls: TxnCalls, home_count: Callable[[], int], no_dedup: bool, committed: int,
-                 after_commit: Callable[[int], None] = lambda p: None):
+                 after_commit: Callable[[int], None] = lambda p: None, writer=None):
         self.cfg = cfg
         self.p = partition
         self.out_p = partition  # the output partition; -1 once the output turned out too small
@@ -51,6 +51,7 @@ class Transaction:
         self.extract = extractor(cfg.key_spec)
         self.extract_many = batch_extractor(cfg.key_spec)  # None: one by one (self.extract)
         self.after_commit = after_commit  # the test-only fault between commit and store write
+        self.writer = writer              # the producer's direct.Writer, for a direct.Batch's records
         self.reset(committed)
 
     def reset(self, committed: int) -> None:
@@ -74,25 +75,34 @@ class Transaction:
         """The polled records, in three passes over the batch: their keys (malformed -> the
         DLQ), their home partitions at once (elsewhere -> rerouted), then one lookup and the
         emits. Records and keys in two parallel lists: no tuple per record (and less for the
-        garbage collector to scan). The per-record steps are compiled (core/native.pyx)."""
+        garbage collector to scan). The per-record steps are compiled (core/native.pyx), and
+        with a direct.Batch (records read straight from librdkafka, dedup/direct.pyx) `good`
+        holds indexes into it: `rec` gives a record's Message-like copy where one is needed."""
         cfg = self.cfg
         p = self.p
         produce = self.producer.produce
         by_key = cfg.key_spec.kind == "recordKey"  # the record key itself: no call per record
-        good, keys, odd, last = native.split(msgs, by_key)  # odd: an error or no key, in order
+        batch = msgs if type(msgs) is direct.Batch else None
+        if batch is not None:
+            good, keys, odd, end = batch.split(by_key)  # odd: an error or no key, in order
+            rec, values = batch.record, batch.values
+        else:
+            good, keys, odd, last = native.split(msgs, by_key)
+            end = last.offset() + 1 if last is not None else -1
+            rec, values = _same, _values
         bad = 0
         for m in odd:
             if m.error() is not None:
                 self._consumer_error(m.error())
             else:
                 bad += self._dead_letter(produce, m, "record has no key")
-        if last is None:
+        if end < 0:
             return
         if not by_key:  # the whole batch at once where it can be, else one by one
             many = self.extract_many
-            keys = many([m.value() for m in good]) if many is not None else None
+            keys = many(values(good)) if many is not None else None
             if keys is None:
-                good, keys, bad = self._keys_one_by_one(produce, good)  # odd held errors only
+                good, keys, bad = self._keys_one_by_one(produce, good, rec)  # odd held errors only
         n = len(good) + bad
         dead = bad
         rerouted = 0
@@ -100,7 +110,7 @@ class Transaction:
         if nparts > 1:
             homes = self.homes(keys, nparts)
             if homes.count(p) != len(homes):  # some are not p's: reroute them, keep the rest
-                rerouted, failed, good, keys = self._reroute(produce, good, keys, homes)
+                rerouted, failed, good, keys = self._reroute(produce, good, keys, homes, rec)
                 dead += failed
         if not self.open:
             self.begin()
@@ -115,12 +125,16 @@ class Transaction:
             # keeps each source partition's order whatever the record key, and right after
             # partition growth no stale partition count places it elsewhere. (An output with
             # fewer partitions: see _produce.)
-            i, sent, found = native.emit(good, keys, i, pending, seen, self.no_dedup, produce, cfg.output_topic,
-                                         self.out_p, H_REROUTED)
+            if batch is not None:
+                i, sent, found = batch.emit(good, keys, i, pending, seen, self.no_dedup, self.writer,
+                                            cfg.output_topic, self.out_p, H_REROUTED)
+            else:
+                i, sent, found = native.emit(good, keys, i, pending, seen, self.no_dedup, produce,
+                                             cfg.output_topic, self.out_p, H_REROUTED)
             emitted += sent
             dups += found
             if i < total:  # its produce raised: the helper handles a full queue and errors
-                m = good[i]
+                m = rec(good[i])
                 hdrs = native.output_headers(m.headers(), H_REROUTED)
                 ts = pending[keys[i]]  # emit noted it
                 if self._produce(produce, cfg.output_topic, m.value(), m.key(), self.out_p, ts, hdrs, m):
@@ -136,25 +150,26 @@ class Transaction:
         c.rerouted += rerouted
         c.dead_lettered += dead
         self.records += n
-        self.next_offset = last.offset() + 1
+        self.next_offset = end
 
-    def _keys_one_by_one(self, produce, msgs: list) -> tuple[list, list, int]:
+    def _keys_one_by_one(self, produce, good: list, rec) -> tuple[list, list, int]:
         """(the records with a key, their keys, how many went to the DLQ without one)."""
         extract = self.extract
-        good: list = []
+        kept: list = []
         keys: list = []
         bad = 0
-        for m in msgs:
+        for x in good:
+            m = rec(x)
             try:
                 k = extract(m.key(), m.value(), m.headers())
             except MalformedRecord as e:
                 bad += self._dead_letter(produce, m, str(e))
                 continue
-            good.append(m)
+            kept.append(x)
             keys.append(k)
-        return good, keys, bad
+        return kept, keys, bad
 
-    def _reroute(self, produce, good: list, keys: list, homes: list[int]) -> tuple[int, int, list, list]:
+    def _reroute(self, produce, good: list, keys: list, homes: list[int], rec) -> tuple[int, int, list, list]:
         """Sends the records whose home is not p to their home partition of the source, marked
         (docs/design.md#reroute); (rerouted, dead-lettered instead, p's records, their keys)."""
         if not self.open:
@@ -163,11 +178,12 @@ class Transaction:
         mine_m: list = []
         mine_k: list = []
         rerouted = failed = 0
-        for m, k, h in zip(good, keys, homes):
+        for x, k, h in zip(good, keys, homes):
             if h == p:
-                mine_m.append(m)
+                mine_m.append(x)
                 mine_k.append(k)
                 continue
+            m = rec(x)
             hdrs = list(m.headers() or ())
             hdrs.append((H_REROUTED, f"{p}:{m.offset()}".encode()))
             if self._produce(produce, src, m.value(), m.key(), h, _ts(m), hdrs, m):
@@ -276,6 +292,14 @@ def _raise_for(what: str, err: KafkaError):
 def _origin(topic: str, m, reason: str) -> list[tuple[str, bytes]]:
     return [(H_REASON, reason.encode()), (H_TOPIC, topic.encode()),
             (H_PARTITION, str(m.partition()).encode()), (H_OFFSET, str(m.offset()).encode())]
+
+
+def _same(m):
+    return m
+
+
+def _values(msgs: list) -> list:
+    return [m.value() for m in msgs]
 
 
 def _ts(m) -> int:

@@ -26,7 +26,7 @@ from logging import ERROR, INFO, WARNING
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from eopipe.core.wire import Migration, MigrationMethod, PartitionState, PartitionStatus, Recovery, RecoveryAction
-from eopipe.dedup import clients, incoming, recovery, restore
+from eopipe.dedup import clients, direct, incoming, recovery, restore
 from eopipe.dedup.batch import Transaction
 from eopipe.dedup.config import WorkerConfig
 from eopipe.dedup.context import PartitionContext
@@ -39,6 +39,7 @@ from eopipe.dedup.txn import (API_TIMEOUT_S, Abortable, Fenced, ProducerFatal, S
                                fencing_was_a_timeout)
 
 log = logging.getLogger("eopipe.dedup")
+NOT_DIRECT = "records through confluent-kafka's Python API, not directly"  # slower, as exact
 
 
 class PartitionRunner(threading.Thread):
@@ -61,6 +62,8 @@ class PartitionRunner(threading.Thread):
         self.producer: Producer | None = None
         self.client_logs: tuple = ()           # the clients' ClientLogs (dedup/logs.py)
         self.source: SourceReader | None = None
+        self.client_ids: tuple[str, str] = ("", "")  # the consumer's and the producer's client.id
+        self.reader = self.writer = None       # direct.Reader and Writer: the loop's records through librdkafka
         self.store: PartitionStore | None = None
         self.txn: Transaction | None = None
         self.started_at_ms = int(time.time() * 1000)
@@ -116,11 +119,13 @@ class PartitionRunner(threading.Thread):
     def _open_clients(self) -> None:
         ccfg, pcfg = clients.consumer_config(self.cfg, self.p), clients.producer_config(self.cfg, self.p)
         self.client_logs = (ccfg["logger"], pcfg["logger"])
+        self.client_ids = (ccfg["client.id"], pcfg["client.id"])
         self.consumer = Consumer(ccfg)
         self.producer = Producer(pcfg)
         self.source = SourceReader(self.consumer, self.cfg, self.p, self.halt)
 
     def _close_clients(self) -> None:
+        self._close_direct()
         self.calls.close()
         clients.close(self.producer, self.consumer, stuck=self.calls.wedged)
         self.producer = self.consumer = None
@@ -168,37 +173,79 @@ class PartitionRunner(threading.Thread):
 
     # -- steady state -------------------------------------------------------------------------
     def _new_txn(self) -> Transaction:
+        self._open_direct()
         self.txn = Transaction(self.cfg, self.p, self.producer, self.consumer, self.store, self.calls,
                                self.ctx.home_count, self.ctx.fault.no_dedup, self.committed,
-                               after_commit=self.ctx.fault.after_commit)
+                               after_commit=self.ctx.fault.after_commit, writer=self.writer)
         return self.txn
+
+    def _open_direct(self) -> None:
+        """From the committed offset on, p's records straight from librdkafka (dedup/direct.pyx)
+        where this process can, else through confluent-kafka's consume(), as recovery read them."""
+        self._close_direct()
+        w = direct.writer(self.producer, self.client_ids[1])
+        r = direct.reader(self.consumer, self.client_ids[0], self.cfg.source_topic, self.p) if w else None
+        if r is None:
+            why = direct.unavailable() or "the clients are not confluent-kafka's as this build knows them"
+            event(log, WARNING, NOT_DIRECT, partition=self.p, reason=why)
+            return
+        self.reader, self.writer = r, w
+        # What the consumer's own queue already holds is outdated by a seek (not by assigning
+        # again right away: that left the records there, and the reader saw none).
+        self.consumer.seek(TopicPartition(self.cfg.source_topic, self.p, self.committed))
+
+    def _close_direct(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+        self.reader = self.writer = None
+
+    def _read(self, t: Transaction):
+        """The next records: a direct.Batch or a list of Messages; None or [] for none."""
+        cfg, reader = self.cfg, self.reader
+        if t.open:
+            want, wait = min(cfg.consume_batch, cfg.max_batch - t.records), max(0.0, t.deadline - time.monotonic())
+            return reader.read(want, wait) if reader is not None else self.consumer.consume(want, wait)
+        # Idle: wake on the first record, not after a full batch or the timeout (a batch call
+        # waits for both), then take what is already fetched. Waiting here added up to 200 ms to
+        # every transaction at low rates.
+        if reader is not None:
+            return reader.read(cfg.consume_batch, 0.2, first_only=True)
+        msgs = self.consumer.consume(1, 0.2)
+        if msgs:
+            msgs += self.consumer.consume(cfg.consume_batch - 1, 0)
+        return msgs
+
+    def _serve_consumer(self, t: Transaction) -> None:
+        """With a Reader, the consumer's own queue holds only its logs and client-wide errors:
+        served here (its logs go to Python logging), the errors to the transaction as before."""
+        events = self.consumer.consume(100, 0)
+        if any(m.error() is None for m in events):
+            raise RuntimeError("a record reached the consumer's queue past the reader")  # the restart replays it
+        if events:
+            t.process(events)
 
     def _loop(self) -> None:
         cfg = self.cfg
         t = self._new_txn()
         next_stats = 0.0
-        consume = self.consumer.consume
         heartbeat = self.ctx.heartbeat.beat
         while not self.halt.is_set():
-            if self.txn is not t:  # the clients were replaced after a stall
-                t, consume = self.txn, self.consumer.consume
-            now = time.monotonic()
-            if t.open:
-                want = min(cfg.consume_batch, cfg.max_batch - t.records)
-                msgs = consume(want, max(0.0, t.deadline - now))
-            else:
-                # Idle: wake on the first record, not after a full batch or the timeout (a
-                # batch call waits for both), then take what is already fetched. Waiting here
-                # added up to 200 ms to every transaction at low rates.
-                msgs = consume(1, 0.2)
+            t = self.txn  # replaced with the clients after a stall
+            msgs = self._read(t)
+            aborted = None
+            try:
+                if self.reader is not None:
+                    self._serve_consumer(t)
                 if msgs:
-                    msgs += consume(cfg.consume_batch - 1, 0)
-            if msgs:
-                try:
                     t.process(msgs)
-                except Abortable as e:
-                    self._abort(str(e))
-                    continue
+            except Abortable as e:
+                aborted = str(e)
+            finally:  # a batch's records go back before an abort may replace (and close) the consumer
+                if type(msgs) is direct.Batch:
+                    msgs.free()
+            if aborted is not None:
+                self._abort(aborted)
+                continue
             if t.open and (t.records >= cfg.max_batch or time.monotonic() >= t.deadline):
                 self._commit()
             if time.monotonic() >= next_stats:
@@ -274,6 +321,7 @@ class PartitionRunner(threading.Thread):
             except (Abortable, Stalled, Fenced, RuntimeError) as e:
                 event(log, INFO, "abort before replacing the producer failed", partition=self.p, error=str(e))
         calls.close()
+        self._close_direct()
         clients.discard(producer, consumer, calls.stuck_call, self.client_logs)
         self.calls = TxnCalls(self.p, self.halt)
         self.producer = self.consumer = None
