@@ -21,11 +21,11 @@ define pip_install
 	$(PY) -m pip install -qq -e '.[$(1)]'
 endef
 
-$(VENV)/.installed-unit: pyproject.toml operator/eopipe/core/native.pyx operator/eopipe/dedup/direct.pyx
+$(VENV)/.installed-unit: pyproject.toml operator/eopipe/core/native.pyx operator/eopipe/core/native.pxd operator/eopipe/dedup/direct.pyx
 	$(call pip_install,test)
 	@touch $@
 
-$(VENV)/.installed: pyproject.toml operator/eopipe/core/native.pyx operator/eopipe/dedup/direct.pyx
+$(VENV)/.installed: pyproject.toml operator/eopipe/core/native.pyx operator/eopipe/core/native.pxd operator/eopipe/dedup/direct.pyx
 	$(call pip_install,test$(comma)spark$(comma)bench)
 	@touch $@ $(VENV)/.installed-unit
 

@@ -5,6 +5,7 @@ is what a read_committed consumer reads, headers, timestamps and partitions incl
 import pytest
 from confluent_kafka import TIMESTAMP_CREATE_TIME, Consumer, KafkaError, Producer, TopicPartition
 
+from eopipe.core import native
 from eopipe.core.headers import H_REROUTED
 from eopipe.dedup import direct
 
@@ -129,3 +130,24 @@ def test_emit_produces_the_unseen_records_in_the_transaction(pipe):
     assert [(m.key(), m.value(), m.headers(), m.timestamp(), m.partition()) for m in got] == [
         (b"a", b"va", None, (TIMESTAMP_CREATE_TIME, 1_700_000_000_000), 1),
         (b"b", b"vb", [("trace", b"x")], (TIMESTAMP_CREATE_TIME, 1_700_000_000_003), 1)]
+
+
+def test_json_keys_are_read_where_librdkafka_holds_the_records(pipe):
+    values = [b'{"user": {"id": "u1"}, "n": 1}', b' {"user": {"id": 42}} ', b'{"user": {"id": "u1"}}']
+    p = Producer({"bootstrap.servers": pipe.bootstrap})
+    for v in values + [b"not json"]:
+        p.produce(pipe.source, v, None, 0)
+    assert p.flush(30) == 0
+    c = _consumer(pipe, "me.consumer")
+    c.assign([TopicPartition(pipe.source, 0, 0)])
+    r = direct.reader(c, "me.consumer", pipe.source, 0)
+    c.seek(TopicPartition(pipe.source, 0, 0))
+    b = _read_all(r, 4)
+    try:
+        assert b.json_keys([0, 1, 2], ("user", "id")) == native.json_keys(values, ("user", "id")) == [b"u1", b"42", b"u1"]
+        assert b.json_keys([0, 3], ("user", "id")) is None  # gives up on the batch: batch.py reads it one by one
+        assert b.json_keys([0], ("n",)) == [b"1"]
+    finally:
+        b.free()
+        r.close()
+        c.close()

@@ -366,37 +366,51 @@ cdef int _json_value(Scan *sc, int depth, const char **names, Py_ssize_t *length
     return -1
 
 
+cdef int key_path(tuple path, list keep, KeyPath *kp) except -1:
+    """The key's path for json_key, its names' bytes kept alive in `keep`; 1: a path it does not
+    take (give up)."""
+    cdef int k
+    kp.levels = len(path)
+    if kp.levels < 1 or kp.levels > 8:
+        return 1
+    for k in range(kp.levels):
+        keep.append(path[k].encode())
+        kp.names[k] = PyBytes_AS_STRING(keep[k])
+        kp.lengths[k] = PyBytes_GET_SIZE(keep[k])
+    return 0
+
+
+cdef object json_key(const unsigned char *s, Py_ssize_t n, KeyPath *kp):
+    """The key of one JSON value (bytes), or None where the scan gives up."""
+    cdef Scan sc
+    sc.s, sc.n, sc.i, sc.key_start = s, n, 0, -1
+    _ws(&sc)
+    if _json_value(&sc, 0, kp.names, kp.lengths, 0, kp.levels) < 0 or sc.key_start < 0:
+        return None
+    _ws(&sc)
+    if sc.i != sc.n:
+        return None
+    return PyBytes_FromStringAndSize(<const char *>sc.s + sc.key_start, sc.key_end - sc.key_start)
+
+
 def json_keys(list values, tuple path):
     """The dedup keys of a batch of JSON values (the field at `path`, a tuple of names), or
     None when any value is not the common case: then core/keys.py decides for the batch."""
-    cdef Py_ssize_t i, n = PyList_GET_SIZE(values)
-    cdef int levels = len(path), k
-    if levels < 1 or levels > 8:
+    cdef KeyPath kp
+    cdef list keep = []
+    if key_path(path, keep, &kp) != 0:
         return None
-    cdef list encoded = [p.encode() for p in path]
-    cdef const char *names[8]
-    cdef Py_ssize_t lengths[8]
-    for k in range(levels):
-        names[k] = PyBytes_AS_STRING(encoded[k])
-        lengths[k] = PyBytes_GET_SIZE(encoded[k])
+    cdef Py_ssize_t i, n = PyList_GET_SIZE(values)
     cdef list out = [None] * n
-    cdef object v
-    cdef Scan sc
+    cdef object v, k
     for i in range(n):
         v = <object>PyList_GET_ITEM(values, i)
         if type(v) is not bytes:
             return None
-        sc.s = <const unsigned char *>PyBytes_AS_STRING(v)
-        sc.n = PyBytes_GET_SIZE(v)
-        sc.i = 0
-        sc.key_start = -1
-        _ws(&sc)
-        if _json_value(&sc, 0, names, lengths, 0, levels) < 0 or sc.key_start < 0:
+        k = json_key(<const unsigned char *>PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), &kp)
+        if k is None:
             return None
-        _ws(&sc)
-        if sc.i != sc.n:
-            return None
-        out[i] = PyBytes_FromStringAndSize(<const char *>sc.s + sc.key_start, sc.key_end - sc.key_start)
+        out[i] = k
     return out
 
 

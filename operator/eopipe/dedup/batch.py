@@ -100,7 +100,9 @@ class Transaction:
             return
         if not by_key:  # the whole batch at once where it can be, else one by one
             many = self.extract_many
-            keys = many(values(good)) if many is not None else None
+            keys = batch.json_keys(good, cfg.key_spec.path) if batch is not None and many is not None else None
+            if keys is None and many is not None:
+                keys = many(values(good))
             if keys is None:
                 good, keys, bad = self._keys_one_by_one(produce, good, rec)  # odd held errors only
         n = len(good) + bad

@@ -24,6 +24,8 @@ from cpython.set cimport PySet_Contains
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free, malloc
 
+from eopipe.core.native cimport KeyPath, json_key, key_path
+
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError
 from confluent_kafka.cimpl import Consumer, Producer
 
@@ -52,9 +54,9 @@ cdef extern from *:
         void *_private;
     } eo_message_t;
 
-    enum { EO_VT_END = 0, EO_VT_TOPIC = 1, EO_VT_PARTITION = 3, EO_VT_VALUE = 4, EO_VT_KEY = 5,
+    enum { EO_VT_END = 0, EO_VT_RKT = 2, EO_VT_PARTITION = 3, EO_VT_VALUE = 4, EO_VT_KEY = 5,
            EO_VT_MSGFLAGS = 7, EO_VT_TIMESTAMP = 8, EO_VT_HEADERS = 10 };
-    enum { EO_MSG_F_COPY = 0x2, EO_PRODUCER = 0, EO_CONSUMER = 1, EO_ERR_NOENT = -156 };
+    enum { EO_MSG_F_COPY = 0x2, EO_PRODUCER = 0, EO_CONSUMER = 1 };
 
     static struct {
         int loaded;
@@ -73,6 +75,8 @@ cdef extern from *:
         size_t (*header_cnt)(const rd_kafka_headers_t *);
         int (*header_get_all)(const rd_kafka_headers_t *, size_t, const char **, const void **, size_t *);
         int (*producev)(rd_kafka_t *, ...);
+        rd_kafka_topic_t *(*topic_new)(rd_kafka_t *, const char *, void *);
+        void (*topic_destroy)(rd_kafka_topic_t *);
         const char *(*err2str)(int);
     } eo;
 
@@ -92,6 +96,7 @@ cdef extern from *:
         EO_SYM(headers_destroy, "headers_destroy") EO_SYM(header_remove, "header_remove")
         EO_SYM(header_cnt, "header_cnt") EO_SYM(header_get_all, "header_get_all")
         EO_SYM(producev, "producev") EO_SYM(err2str, "err2str")
+        EO_SYM(topic_new, "topic_new") EO_SYM(topic_destroy, "topic_destroy")
         eo.loaded = 1;
         return NULL;
     }
@@ -102,18 +107,19 @@ cdef extern from *:
 
     /* As confluent-kafka's produce(topic, value, key, partition, timestamp=, headers=) calls it.
        The headers are the producer's on success only. */
-    static int eo_produce(rd_kafka_t *rk, const char *topic, int32_t partition, const eo_message_t *m,
+    static int eo_produce(rd_kafka_t *rk, rd_kafka_topic_t *rkt, int32_t partition, const eo_message_t *m,
                           int64_t ts, rd_kafka_headers_t *hdrs) {
         if (hdrs)
-            return eo.producev(rk, EO_VT_TOPIC, topic, EO_VT_PARTITION, partition, EO_VT_VALUE, m->payload, m->len,
+            return eo.producev(rk, EO_VT_RKT, rkt, EO_VT_PARTITION, partition, EO_VT_VALUE, m->payload, m->len,
                                EO_VT_KEY, m->key, m->key_len, EO_VT_MSGFLAGS, EO_MSG_F_COPY, EO_VT_TIMESTAMP, ts,
                                EO_VT_HEADERS, hdrs, EO_VT_END);
-        return eo.producev(rk, EO_VT_TOPIC, topic, EO_VT_PARTITION, partition, EO_VT_VALUE, m->payload, m->len,
+        return eo.producev(rk, EO_VT_RKT, rkt, EO_VT_PARTITION, partition, EO_VT_VALUE, m->payload, m->len,
                            EO_VT_KEY, m->key, m->key_len, EO_VT_MSGFLAGS, EO_MSG_F_COPY, EO_VT_TIMESTAMP, ts,
                            EO_VT_END);
     }
     """
     ctypedef struct rd_kafka_t
+    ctypedef struct rd_kafka_topic_t
     ctypedef struct rd_kafka_queue_t
     ctypedef struct rd_kafka_headers_t
     ctypedef struct eo_message_t:
@@ -124,11 +130,13 @@ cdef extern from *:
         void *key
         size_t key_len
         int64_t offset
-    int EO_PRODUCER, EO_CONSUMER, EO_ERR_NOENT
+    int EO_PRODUCER, EO_CONSUMER
     const char *eo_load(const char *path)
     rd_kafka_t *eo_rk(object client)
-    int eo_produce(rd_kafka_t *rk, const char *topic, int32_t partition, const eo_message_t *m, int64_t ts,
+    int eo_produce(rd_kafka_t *rk, rd_kafka_topic_t *rkt, int32_t partition, const eo_message_t *m, int64_t ts,
                    rd_kafka_headers_t *hdrs) nogil
+    rd_kafka_topic_t *eo_topic_new "eo.topic_new"(rd_kafka_t *, const char *, void *)
+    void eo_topic_destroy "eo.topic_destroy"(rd_kafka_topic_t *)
     int eo_type "eo.type"(const rd_kafka_t *)
     const char *eo_name "eo.name"(const rd_kafka_t *)
     rd_kafka_queue_t *eo_queue_get_partition "eo.queue_get_partition"(rd_kafka_t *, const char *, int32_t)
@@ -259,6 +267,28 @@ def writer(producer, str client_id):
 cdef class Writer:
     cdef object producer  # keeps the rd_kafka_t alive
     cdef rd_kafka_t *rk
+    cdef str topic        # the topic of `rkt`, a handle kept: not looked up for every record
+    cdef rd_kafka_topic_t *rkt
+
+    cdef rd_kafka_topic_t *handle(self, str topic) except NULL:
+        if self.rk == NULL:
+            raise RuntimeError("the writer is closed")
+        if self.rkt == NULL or topic != self.topic:
+            self.close()
+            self.rkt = eo_topic_new(self.rk, topic.encode(), NULL)
+            if self.rkt == NULL:
+                raise ValueError(f"no topic handle for {topic!r}")
+            self.topic = topic
+        return self.rkt
+
+    def close(self) -> None:
+        """Before the producer closes."""
+        if self.rkt != NULL:
+            eo_topic_destroy(self.rkt)
+            self.rkt = NULL
+
+    def __dealloc__(self):
+        self.close()
 
 
 cdef class Batch:
@@ -302,6 +332,26 @@ cdef class Batch:
                 out[j] = PyBytes_FromStringAndSize(<const char *>m.payload, m.len)
         return out
 
+    def json_keys(self, list idx, tuple path):
+        """core/native.json_keys of records `idx`, scanned where librdkafka holds them."""
+        cdef KeyPath kp
+        cdef list keep = []
+        if key_path(path, keep, &kp) != 0:
+            return None
+        cdef Py_ssize_t j, n = PyList_GET_SIZE(idx)
+        cdef list out = [None] * n
+        cdef eo_message_t *m
+        cdef object k
+        for j in range(n):
+            m = self.msgs[self._at(<object>PyList_GET_ITEM(idx, j))]
+            if m.payload == NULL:
+                return None
+            k = json_key(<const unsigned char *>m.payload, m.len, &kp)
+            if k is None:
+                return None
+            out[j] = k
+        return out
+
     cdef inline Py_ssize_t _at(self, object i) except -1:
         cdef Py_ssize_t k = PyLong_AsSsize_t(i)
         if k < 0 or k >= self.n or self.msgs == NULL:
@@ -339,7 +389,8 @@ cdef class Batch:
         cdef rd_kafka_headers_t *src
         cdef rd_kafka_headers_t *hdrs
         cdef bint check_seen = len(seen) > 0
-        cdef bytes topic = out.encode(), drop = rerouted.encode()
+        cdef rd_kafka_topic_t *rkt = w.handle(out)
+        cdef bytes drop = rerouted.encode()
         for i in range(start, n):
             m = self.msgs[self._at(<object>PyList_GET_ITEM(good, i))]
             k = <object>PyList_GET_ITEM(keys, i)
@@ -357,7 +408,7 @@ cdef class Batch:
                 if eo_header_cnt(hdrs) == 0:
                     eo_headers_destroy(hdrs)
                     hdrs = NULL
-            err = eo_produce(w.rk, topic, out_p, m, ts, hdrs)
+            err = eo_produce(w.rk, rkt, out_p, m, ts, hdrs)
             if err != 0:
                 if hdrs != NULL:
                     eo_headers_destroy(hdrs)

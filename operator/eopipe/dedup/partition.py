@@ -195,8 +195,9 @@ class PartitionRunner(threading.Thread):
         self.consumer.seek(TopicPartition(self.cfg.source_topic, self.p, self.committed))
 
     def _close_direct(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
+        for d in (self.reader, self.writer):
+            if d is not None:
+                d.close()
         self.reader = self.writer = None
 
     def _read(self, t: Transaction):
