@@ -251,12 +251,18 @@ def test_sigterm_grace_lets_the_process_finish(ns, core, tmp_path):
     assert took < 8, f"the process exited after ~1 s, the agent waited {took:.1f}s"
 
 
-def test_sigkill_after_grace(ns, core):
-    script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: time.sleep(1)"
-    body = pod_dict("stubborn", ["python", "-c", script])
+def test_sigkill_after_grace(ns, core, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    script = ("import pathlib, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "pathlib.Path(sys.argv[1], 'ignoring').touch()\nwhile True: time.sleep(1)")
+    body = pod_dict("stubborn", ["python", "-c", script, "/out"], volumes=[{"name": "o", "hostPath": {"path": str(out)}}],
+                    container={"volumeMounts": [{"name": "o", "mountPath": "/out"}]})
     body["spec"]["terminationGracePeriodSeconds"] = 2
     core.create_namespaced_pod(ns, body)
     wait_pod(core, ns, "stubborn", pod_ready, 60)
+    # A SIGTERM before the handler is in place ends the process at once (CI saw it: ran 0.0 s).
+    wait_for(lambda: (out / "ignoring").exists(), 30, what="SIGTERM ignored")
     t0 = time.monotonic()
     core.delete_namespaced_pod("stubborn", ns)
     wait_gone(core, ns, "stubborn", timeout=30)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 
 from eopipe.core import partitioner as partitioners
 from eopipe.dedup import logs
@@ -108,6 +109,25 @@ def connect(producer, topic: str, timeout: float = 5.0) -> None:
             producer.list_topics(topic, timeout=timeout)
     except KafkaException:
         pass
+
+
+# librdkafka refuses a seek (_STATE) until the partition's fetch has started, which an assign
+# just made may not have yet (a replay's earlier assignment of it still being removed).
+SEEK_WAIT_S = 30.0
+
+
+def seek_when_fetching(consumer, tp, halt: threading.Event, wait_s: float = SEEK_WAIT_S) -> None:
+    """consumer.seek(tp), retried while librdkafka says the assignment's fetch has not started."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            consumer.seek(tp)
+            return
+        except KafkaException as e:
+            if e.args[0].code() not in (KafkaError._STATE, KafkaError._PREV_IN_PROGRESS) or \
+                    time.monotonic() >= deadline or halt.is_set():
+                raise
+        time.sleep(0.02)
 
 
 def coordinator_answers(consumer, tp, timeout: float = 1.0) -> bool:

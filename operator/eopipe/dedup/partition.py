@@ -192,7 +192,8 @@ class PartitionRunner(threading.Thread):
         self.reader, self.writer = r, w
         # What the consumer's own queue already holds is outdated by a seek (not by assigning
         # again right away: that left the records there, and the reader saw none).
-        self.consumer.seek(TopicPartition(self.cfg.source_topic, self.p, self.committed))
+        clients.seek_when_fetching(self.consumer, TopicPartition(self.cfg.source_topic, self.p, self.committed),
+                                   self.halt)
 
     def _close_direct(self) -> None:
         for d in (self.reader, self.writer):
